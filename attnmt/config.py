@@ -1,0 +1,266 @@
+"""Configuration: one YAML file with sections ``data``, ``model``, ``train``, ``decode``.
+
+``load_config(path, overrides)`` reads it into frozen dataclasses. Unknown keys
+are rejected with their name and the allowed ones; impossible values are
+rejected with one clear message. Overrides are ``section.key=value`` strings
+(the CLI's ``--set``), with values parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from attnmt.errors import UserError
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)
+
+
+def _choice(section: str, name: str, value: str, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, f"{section}.{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "files"            # files | multi30k | numbers
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train: str = ""                   # files: prefix (train -> train.de, train.en) or a .tsv file
+    valid: str = ""
+    test: str = ""
+    dir: str = ""                     # multi30k: folder of the raw files (else $ATTNMT_DATA, cache)
+    tokenizer: str = "sentencepiece"  # sentencepiece | char | whitespace
+    sp_model: str = "unigram"         # unigram | bpe
+    vocab_size: int = 8000
+    joint_vocab: bool = True
+    max_len: int = 100                # training pairs longer than this (in tokens) are dropped
+    numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
+    numbers_train: int = 20000
+    numbers_valid: int = 500
+    numbers_test: int = 1000
+    numbers_seed: int = 1
+
+    def __post_init__(self):
+        _choice("data", "dataset", self.dataset, ("files", "multi30k", "numbers"))
+        _choice("data", "tokenizer", self.tokenizer, ("sentencepiece", "char", "whitespace"))
+        _choice("data", "sp_model", self.sp_model, ("unigram", "bpe"))
+        _require(self.src_lang != self.tgt_lang, "data.src_lang and data.tgt_lang are the same")
+        _require(self.vocab_size >= 16, f"data.vocab_size must be at least 16, got {self.vocab_size}")
+        _require(self.max_len >= 1, f"data.max_len must be positive, got {self.max_len}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "transformer"         # transformer | rnn
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1
+    tie_embeddings: str = "decoder"   # none | decoder (input = output) | all (needs a joint vocab)
+    # Transformer
+    d_model: int = 256
+    heads: int = 4
+    ffn_dim: int = 1024
+    norm: str = "post"                # post (paper) | pre
+    positions: str = "sinusoidal"     # sinusoidal | learned
+    attention_dropout: float = 0.1
+    max_positions: int = 1024
+    # RNN
+    cell: str = "gru"                 # rnn | gru | lstm
+    decoder: str = "bahdanau"         # none | bahdanau | luong
+    attention: str = "additive"       # dot | general | additive | scaled_dot | location
+    local_window: int = 0             # > 0: Luong local-p attention with this half-width D
+    embed_dim: int = 256
+    hidden_dim: int = 256
+    bidirectional: bool = True
+    attention_dim: int = 256          # additive attention's hidden size; local-p's too
+    input_feeding: bool = True        # Luong
+    max_source_len: int = 128         # location attention's fixed source length
+
+    def __post_init__(self):
+        _choice("model", "arch", self.arch, ("transformer", "rnn"))
+        _choice("model", "tie_embeddings", self.tie_embeddings, ("none", "decoder", "all"))
+        _choice("model", "norm", self.norm, ("post", "pre"))
+        _choice("model", "positions", self.positions, ("sinusoidal", "learned"))
+        _choice("model", "cell", self.cell, ("rnn", "gru", "lstm"))
+        _choice("model", "decoder", self.decoder, ("none", "bahdanau", "luong"))
+        _choice("model", "attention", self.attention,
+                ("dot", "general", "additive", "scaled_dot", "location"))
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"model.{name} must be in [0, 1), got {value}")
+        for name in ("encoder_layers", "decoder_layers", "d_model", "heads", "ffn_dim",
+                     "embed_dim", "hidden_dim", "attention_dim", "max_positions", "max_source_len"):
+            _require(getattr(self, name) >= 1, f"model.{name} must be positive, got {getattr(self, name)}")
+        _require(self.local_window >= 0, f"model.local_window must be >= 0, got {self.local_window}")
+        _require(self.d_model % self.heads == 0,
+                 f"model.heads ({self.heads}) must divide model.d_model ({self.d_model})")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 1234
+    optimizer: str = "adam"           # adam | adamw
+    lr: float = 1e-3                  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.0
+    schedule: str = "noam"            # noam (inverse square root with warmup) | constant | plateau
+    warmup: int = 800
+    plateau_factor: float = 0.5
+    plateau_patience: int = 2
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0            # 0 = no clipping
+    accumulate: int = 1
+    batch_tokens: int = 4096          # target tokens per batch (after accumulation: x accumulate)
+    max_steps: int = 0                # 0 = no limit
+    max_epochs: int = 0
+    max_minutes: float = 0.0
+    validate_every: int = 500
+    log_every: int = 50
+    bleu_every: int = 1               # greedy BLEU on every n-th validation (0 = never)
+    early_stop_metric: str = "bleu"   # bleu | loss
+    patience: int = 0                 # validations without improvement; 0 = never stop early
+    keep_checkpoints: int = 3
+    average_checkpoints: int = 0      # > 1: best.safetensors averages the last n validations
+    precision: str = "auto"           # auto | fp32 | bf16
+    device: str = "auto"              # auto | cpu | cuda
+    threads: int = 0                  # torch threads; 0 = all cores
+    compile: bool = False
+
+    def __post_init__(self):
+        _choice("train", "optimizer", self.optimizer, ("adam", "adamw"))
+        _choice("train", "schedule", self.schedule, ("noam", "constant", "plateau"))
+        _choice("train", "early_stop_metric", self.early_stop_metric, ("bleu", "loss"))
+        _choice("train", "precision", self.precision, ("auto", "fp32", "bf16"))
+        _choice("train", "device", self.device, ("auto", "cpu", "cuda"))
+        _require(self.lr > 0, f"train.lr must be positive, got {self.lr}")
+        _require(0.0 <= self.label_smoothing < 1.0,
+                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("accumulate", "batch_tokens", "validate_every", "log_every", "keep_checkpoints"):
+            _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
+        for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
+                     "weight_decay", "threads", "average_checkpoints", "bleu_every"):
+            _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    beam: int = 5
+    alpha: float = 0.6                # GNMT length penalty exponent; 0 = raw log-probability
+    max_len_a: float = 1.5            # max output length = a * source length + b
+    max_len_b: int = 10
+    min_len: int = 0
+    n_best: int = 1
+    batch_tokens: int = 6000          # source tokens per translation batch
+
+    def __post_init__(self):
+        _require(self.beam >= 1, f"decode.beam must be positive, got {self.beam}")
+        _require(1 <= self.n_best <= self.beam,
+                 f"decode.n_best must be between 1 and decode.beam ({self.beam}), got {self.n_best}")
+        _require(self.alpha >= 0, f"decode.alpha must be >= 0, got {self.alpha}")
+        _require(self.batch_tokens >= 1, f"decode.batch_tokens must be positive, got {self.batch_tokens}")
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def to_dict(self) -> dict:
+        """Plain nested dict (tuples as lists), ready for YAML."""
+        return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(self))))
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _coerce(section: str, name: str, annotation, value):
+    """Check ``value`` against a field's type; ints are accepted where floats are expected."""
+    where = f"{section}.{name}"
+    expected = annotation if isinstance(annotation, type) else None
+    if typing.get_origin(annotation) is tuple:
+        items = typing.get_args(annotation)
+        _require(isinstance(value, (list, tuple)) and len(value) == len(items),
+                 f"{where} must be a list of {len(items)} numbers, got {value!r}")
+        return tuple(_coerce(section, name, item_type, item) for item_type, item in zip(items, value))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is not None and (not isinstance(value, expected)
+                                 or (expected is int and isinstance(value, bool))):
+        raise UserError(f"{where} must be {expected.__name__}, got {value!r}")
+    return value
+
+
+def section_from_dict(cls, mapping: dict | None, section: str):
+    """Build one section's dataclass, rejecting unknown keys and values of the wrong type."""
+    mapping = mapping or {}
+    _require(isinstance(mapping, dict), f"section '{section}' must be a mapping, got {mapping!r}")
+    types_by_name = typing.get_type_hints(cls)
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in mapping if key not in types_by_name]
+    if unknown:
+        raise UserError(f"unknown config key '{section}.{unknown[0]}'; allowed keys in '{section}': "
+                        f"{', '.join(allowed)}")
+    values = {key: _coerce(section, key, types_by_name[key], value) for key, value in mapping.items()}
+    return cls(**values)
+
+
+def config_from_dict(raw: dict) -> Config:
+    _require(isinstance(raw, dict), "the config file must be a YAML mapping with sections "
+                                    f"{', '.join(SECTIONS)}")
+    unknown = [key for key in raw if key not in SECTIONS]
+    if unknown:
+        raise UserError(f"unknown config section '{unknown[0]}'; allowed: {', '.join(SECTIONS)}")
+    sections = {name: section_from_dict(typing.get_type_hints(Config)[name], raw.get(name), name)
+                for name in SECTIONS}
+    return Config(**sections)
+
+
+def apply_overrides(raw: dict, overrides) -> dict:
+    """Apply ``section.key=value`` strings to a raw config dict (values parsed as YAML)."""
+    raw = {name: dict(section or {}) for name, section in raw.items()}
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        section, dot, name = key.strip().partition(".")
+        _require(bool(sep) and bool(dot) and bool(name),
+                 f"override {override!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        raw.setdefault(section, {})[name] = value
+    return raw
+
+
+def load_config(path, overrides=()) -> Config:
+    """Read a YAML config file (plus ``section.key=value`` overrides) into a :class:`Config`."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    _require(isinstance(raw, dict), f"{path} must hold a YAML mapping with sections "
+                                    f"{', '.join(SECTIONS)}")
+    return config_from_dict(apply_overrides(raw, overrides))
+
+
+def save_config(config: Config, path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,224 @@
+"""The Transformer (Vaswani et al. 2017): MECHANISMS.md section 5.
+
+Encoder layer: self-attention, then the position-wise FFN; decoder layer: masked
+self-attention, cross-attention over the encoder output, FFN. Each sub-layer is
+wrapped as ``LayerNorm(x + Dropout(Sublayer(x)))`` (``norm: post``, the paper) or
+``x + Dropout(Sublayer(LayerNorm(x)))`` (``norm: pre``, with a final LayerNorm).
+
+Incremental decoding: each decoder layer keeps its self-attention keys and values
+in :class:`TransformerState`; cross-attention keys and values are computed once
+per source in :class:`TransformerMemory`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnmt.attention import MultiHeadAttention
+from attnmt.errors import UserError
+
+KeyValue = tuple[torch.Tensor, torch.Tensor]       # (B, H, T, D/H) each
+
+
+def sinusoidal_table(positions: int, d_model: int) -> torch.Tensor:
+    """``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(...)``: ``(positions, d)``."""
+    position = torch.arange(positions, dtype=torch.float32).unsqueeze(1)
+    inverse_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
+                                  * (-math.log(10000.0) / d_model))
+    table = torch.zeros(positions, d_model)
+    table[:, 0::2] = torch.sin(position * inverse_frequency)
+    table[:, 1::2] = torch.cos(position * inverse_frequency)[:, : d_model // 2]
+    return table
+
+
+class Embedder(nn.Module):
+    """Token embedding scaled by ``sqrt(d_model)`` plus positions, then dropout."""
+
+    def __init__(self, vocab_size: int, d_model: int, max_positions: int, learned_positions: bool,
+                 dropout: float, pad_id: int):
+        super().__init__()
+        self.scale = math.sqrt(d_model)
+        self.max_positions = max_positions
+        self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        nn.init.normal_(self.tokens.weight, std=d_model ** -0.5)
+        nn.init.zeros_(self.tokens.weight[pad_id])
+        self.learned = nn.Embedding(max_positions, d_model) if learned_positions else None
+        if not learned_positions:
+            self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``tokens (B, T)`` at positions ``offset..offset+T-1`` -> ``(B, T, D)``."""
+        end = offset + tokens.size(1)
+        if end > self.max_positions:
+            raise UserError(f"sequence of {end} tokens exceeds model.max_positions "
+                            f"({self.max_positions})")
+        positions = (self.learned.weight if self.learned is not None else self.table)[offset:end]
+        return self.dropout(self.tokens(tokens) * self.scale + positions)
+
+
+class FeedForward(nn.Module):
+    """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` with dropout on the hidden layer."""
+
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(ffn_dim, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SublayerNorm(nn.Module):
+    """Residual connection and LayerNorm around one sub-layer, post- or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the sub-layer reads: ``LayerNorm(x)`` for pre-norm, ``x`` for post-norm."""
+        return self.norm(x) if self.pre_norm else x
+
+    def output(self, x: torch.Tensor, sublayer_out: torch.Tensor) -> torch.Tensor:
+        """``x + Dropout(out)``, normalised afterwards for post-norm."""
+        x = x + self.dropout(sublayer_out)
+        return x if self.pre_norm else self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, pre_norm):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.attn_norm = SublayerNorm(d_model, dropout, pre_norm)
+        self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
+        """``x (B, S, D)``, ``mask (B, 1, S)`` -> ``(x, weights (B, H, S, S) or None)``."""
+        h = self.attn_norm.input(x)
+        attended, weights, _ = self.self_attn(h, h, h, mask, need_weights=need_weights)
+        x = self.attn_norm.output(x, attended)
+        return self.ffn_norm.output(x, self.ffn(self.ffn_norm.input(x))), weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, pre_norm):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.self_norm = SublayerNorm(d_model, dropout, pre_norm)
+        self.cross_norm = SublayerNorm(d_model, dropout, pre_norm)
+        self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
+
+    def forward(self, x: torch.Tensor, self_mask: torch.Tensor | None, cross_kv: KeyValue,
+                memory_mask: torch.Tensor, cache: KeyValue | None = None,
+                need_weights: bool = False):
+        """``x (B, T, D)``; ``self_mask (B, T, t+T)`` or None when decoding one new position.
+
+        Returns ``(x, cache (k, v) (B, H, t+T, D/H), self weights, cross weights (B, H, T, S))``.
+        """
+        h = self.self_norm.input(x)
+        attended, self_weights, cache = self.self_attn(h, h, h, self_mask, cache=cache,
+                                                       need_weights=need_weights)
+        x = self.self_norm.output(x, attended)
+        attended, cross_weights = self.cross_attn.attend(self.cross_norm.input(x), *cross_kv,
+                                                         memory_mask, need_weights)
+        x = self.cross_norm.output(x, attended)
+        x = self.ffn_norm.output(x, self.ffn(self.ffn_norm.input(x)))
+        return x, cache, self_weights, cross_weights
+
+
+@dataclass
+class TransformerState:
+    """Decoder state: per-layer self-attention keys and values of the positions so far."""
+    self_kv: list[KeyValue]              # per layer, (B, H, t, D/H) each
+    length: int                          # t, the number of positions decoded
+
+    def index_select(self, index: torch.Tensor) -> "TransformerState":
+        return TransformerState([(k.index_select(0, index), v.index_select(0, index))
+                                 for k, v in self.self_kv], self.length)
+
+
+@dataclass
+class TransformerMemory:
+    states: torch.Tensor                 # (B, S, D) encoder output
+    mask: torch.Tensor                   # (B, 1, S)
+    cross_kv: list[KeyValue]             # per decoder layer, (B, H, S, D/H) each
+
+    def index_select(self, index: torch.Tensor) -> "TransformerMemory":
+        return TransformerMemory(self.states.index_select(0, index), self.mask.index_select(0, index),
+                                 [(k.index_select(0, index), v.index_select(0, index))
+                                  for k, v in self.cross_kv])
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
+                 attention_dropout, pre_norm):
+        super().__init__()
+        self.embedder = embedder
+        self.embedding = embedder.tokens                 # for embedding tying
+        self.layers = nn.ModuleList(EncoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
+                                                 pre_norm) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.output_dim = d_model
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, need_weights: bool = False):
+        """``src (B, S)`` -> states ``(B, S, D)``; with ``need_weights`` also the per-layer
+        self-attention weights ``(B, H, S, S)``."""
+        x, weights = self.embedder(src), []
+        for layer in self.layers:
+            x, layer_weights = layer(x, src_mask, need_weights)
+            weights.append(layer_weights)
+        x = self.final_norm(x)
+        return (x, weights) if need_weights else x
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
+                 attention_dropout, pre_norm):
+        super().__init__()
+        self.embedder = embedder
+        self.embedding = embedder.tokens                 # for embedding tying
+        self.layers = nn.ModuleList(DecoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
+                                                 pre_norm) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.output_dim = d_model
+
+    def init_memory(self, states: torch.Tensor, src_mask: torch.Tensor) -> TransformerMemory:
+        """Cross-attention keys and values, once per source."""
+        return TransformerMemory(states, src_mask,
+                                 [layer.cross_attn.project_kv(states, states) for layer in self.layers])
+
+    def forward(self, tgt_in: torch.Tensor, tgt_mask: torch.Tensor, memory: TransformerMemory,
+                need_weights: bool = False):
+        """Teacher forcing: ``tgt_in (B, T)``, ``tgt_mask (B, T, T)`` -> ``(B, T, D)``; with
+        ``need_weights`` also per-layer ``(self weights, cross weights)``."""
+        x, weights = self.embedder(tgt_in), []
+        for layer, cross_kv in zip(self.layers, memory.cross_kv):
+            x, _, self_weights, cross_weights = layer(x, tgt_mask, cross_kv, memory.mask,
+                                                      need_weights=need_weights)
+            weights.append((self_weights, cross_weights))
+        x = self.final_norm(x)
+        return (x, weights) if need_weights else x
+
+    def step(self, prev_tokens: torch.Tensor, state: TransformerState | None,
+             memory: TransformerMemory, need_attention: bool = True):
+        """``prev_tokens (B,)`` -> ``(output (B, D), state, cross weights (B, layers, H, S) or None)``."""
+        state = TransformerState([None] * len(self.layers), 0) if state is None else state
+        x = self.embedder(prev_tokens.unsqueeze(1), offset=state.length)
+        caches, weights = [], []
+        for layer, cross_kv, cache in zip(self.layers, memory.cross_kv, state.self_kv):
+            x, cache, _, cross_weights = layer(x, None, cross_kv, memory.mask, cache=cache,
+                                               need_weights=need_attention)
+            caches.append(cache)
+            weights.append(cross_weights)
+        attention = torch.stack(weights, dim=1).squeeze(3) if need_attention else None
+        return self.final_norm(x).squeeze(1), TransformerState(caches, state.length + 1), attention

@@ -1,0 +1,61 @@
+import pytest
+import torch
+
+from attnmt.config import ModelConfig
+from attnmt.data import BOS_ID, EOS_ID, PAD_ID
+from attnmt.masks import padding_mask, target_mask
+from attnmt.model import build_model
+
+SMALL_TRANSFORMER = dict(arch="transformer", d_model=16, heads=4, ffn_dim=32, encoder_layers=2,
+                         decoder_layers=2, dropout=0.0, attention_dropout=0.0)
+SMALL_RNN = dict(arch="rnn", embed_dim=16, hidden_dim=16, attention_dim=12, encoder_layers=2,
+                 decoder_layers=2, dropout=0.0, max_source_len=12)
+
+# Every architecture and every valid attention choice, by a readable id.
+ARCHITECTURES = {
+    "transformer-post": dict(SMALL_TRANSFORMER),
+    "transformer-pre-learned": dict(SMALL_TRANSFORMER, norm="pre", positions="learned",
+                                    tie_embeddings="all"),
+    "rnn-none-gru": dict(SMALL_RNN, decoder="none"),
+    "rnn-none-lstm-uni": dict(SMALL_RNN, decoder="none", cell="lstm", bidirectional=False),
+    "bahdanau-additive": dict(SMALL_RNN, decoder="bahdanau", attention="additive"),
+    "bahdanau-general-lstm": dict(SMALL_RNN, decoder="bahdanau", attention="general", cell="lstm"),
+    "bahdanau-dot-uni": dict(SMALL_RNN, decoder="bahdanau", attention="dot", bidirectional=False),
+    "bahdanau-location-rnn": dict(SMALL_RNN, decoder="bahdanau", attention="location", cell="rnn"),
+    "bahdanau-local-additive": dict(SMALL_RNN, decoder="bahdanau", attention="additive",
+                                    local_window=2),
+    "luong-general": dict(SMALL_RNN, decoder="luong", attention="general"),
+    "luong-dot-uni": dict(SMALL_RNN, decoder="luong", attention="dot", bidirectional=False),
+    "luong-scaled-dot-uni-lstm": dict(SMALL_RNN, decoder="luong", attention="scaled_dot",
+                                      bidirectional=False, cell="lstm"),
+    "luong-additive-no-feed": dict(SMALL_RNN, decoder="luong", attention="additive",
+                                   input_feeding=False),
+    "luong-location": dict(SMALL_RNN, decoder="luong", attention="location"),
+    "luong-local-general": dict(SMALL_RNN, decoder="luong", attention="general", local_window=2),
+}
+
+VOCAB = 11
+
+
+def make_model(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(**ARCHITECTURES[name]), VOCAB, VOCAB).eval()
+
+
+def toy_batch(seed: int = 0):
+    """Source (3, 7) and target (3, 6) batches with padding; targets start with BOS."""
+    generator = torch.Generator().manual_seed(seed)
+    src_lengths, tgt_lengths = [7, 4, 2], [6, 3, 5]
+    src = torch.full((3, 7), PAD_ID)
+    tgt = torch.full((3, 6), PAD_ID)
+    for row, (s, t) in enumerate(zip(src_lengths, tgt_lengths)):
+        src[row, :s - 1] = torch.randint(4, VOCAB, (s - 1,), generator=generator)
+        src[row, s - 1] = EOS_ID
+        tgt[row, 0] = BOS_ID
+        tgt[row, 1:t] = torch.randint(4, VOCAB, (t - 1,), generator=generator)
+    return src, padding_mask(src, PAD_ID), tgt, target_mask(tgt, PAD_ID)
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
+def arch_name(request):
+    return request.param

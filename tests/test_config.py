@@ -1,0 +1,64 @@
+import pytest
+
+from attnmt.config import ModelConfig, load_config, save_config
+from attnmt.errors import UserError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_loads_sections_and_overrides(tmp_path):
+    path = write(tmp_path, "model:\n  arch: rnn\n  hidden_dim: 64\ntrain:\n  lr: 1\n")
+    config = load_config(path, ["model.decoder=luong", "train.betas=[0.9, 0.99]"])
+    assert config.model.arch == "rnn" and config.model.hidden_dim == 64
+    assert config.model.decoder == "luong"
+    assert config.train.lr == 1.0 and isinstance(config.train.lr, float)
+    assert config.train.betas == (0.9, 0.99)
+
+
+def test_round_trip_through_yaml(tmp_path):
+    config = load_config(write(tmp_path, "model:\n  heads: 8\n"))
+    save_config(config, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == config
+
+
+def test_unknown_key_named_with_allowed_ones(tmp_path):
+    with pytest.raises(UserError, match=r"unknown config key 'model.head'; allowed keys in 'model': "
+                                        r"arch, .*heads"):
+        load_config(write(tmp_path, "model:\n  head: 8\n"))
+
+
+def test_unknown_section(tmp_path):
+    with pytest.raises(UserError, match="unknown config section 'modle'"):
+        load_config(write(tmp_path, "modle: {}\n"))
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(heads=3), r"model.heads \(3\) must divide model.d_model \(256\)"),
+    (dict(dropout=-0.1), r"model.dropout must be in \[0, 1\), got -0.1"),
+    (dict(cell="tree"), "model.cell must be one of rnn, gru, lstm; got 'tree'"),
+    (dict(decoder="sutskever"), "model.decoder must be one of none, bahdanau, luong"),
+])
+def test_impossible_model_values(values, message):
+    with pytest.raises(UserError, match=message):
+        ModelConfig(**values)
+
+
+def test_wrong_type_named(tmp_path):
+    with pytest.raises(UserError, match="model.heads must be int, got 'four'"):
+        load_config(write(tmp_path, "model:\n  heads: four\n"))
+
+
+def test_bad_override_and_missing_file(tmp_path):
+    with pytest.raises(UserError, match="must look like section.key=value"):
+        load_config(write(tmp_path, "{}"), ["heads=4"])
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_invalid_yaml(tmp_path):
+    with pytest.raises(UserError, match="is not valid YAML"):
+        load_config(write(tmp_path, "model: [unclosed\n"))
