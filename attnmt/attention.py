@@ -299,14 +299,62 @@ def _online_softmax_rows(q, k, v, mask, chunk_size):
     return out.to(q.dtype)
 
 
+class KVCache:
+    """Keys and values of the positions decoded so far, grown in place for incremental decoding.
+
+    The buffers ``(B, H, capacity, D/H)`` have room to grow, so appending one position
+    writes one slot instead of copying the whole cache (``torch.cat`` would make each
+    step cost O(t)). Several caches may share buffers (each step returns a new cache
+    object); a shared counter of filled positions makes appending copy-on-write, so
+    continuing an older cache never overwrites positions a newer one relies on.
+    """
+
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None,
+                 length: int = 0, filled: list[int] | None = None):
+        self.keys, self.values, self.length = keys, values, length
+        self._filled = filled if filled is not None else [length]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> "KVCache":
+        """Add positions ``(B, H, n, D/H)``; returns the cache of ``length + n`` positions."""
+        end = self.length + keys.size(2)
+        owns_tail = self.keys is not None and self._filled[0] == self.length
+        if not owns_tail or end > self.keys.size(2):
+            self._reallocate(keys, capacity=max(16, 2 * end))
+        self.keys[:, :, self.length:end] = keys
+        self.values[:, :, self.length:end] = values
+        self._filled[0] = end
+        return KVCache(self.keys, self.values, end, self._filled)
+
+    def _reallocate(self, like: torch.Tensor, capacity: int) -> None:
+        batch, heads, _, head_dim = like.shape
+        keys = like.new_empty(batch, heads, capacity, head_dim)
+        values = like.new_empty(batch, heads, capacity, head_dim)
+        if self.length:
+            keys[:, :, :self.length] = self.keys[:, :, :self.length]
+            values[:, :, :self.length] = self.values[:, :, :self.length]
+        self.keys, self.values, self._filled = keys, values, [self.length]
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled part: keys and values ``(B, H, length, D/H)``."""
+        return self.keys[:, :, :self.length], self.values[:, :, :self.length]
+
+    def index_select(self, index: torch.Tensor) -> "KVCache":
+        """Reorder or repeat batch entries (beam search); the result owns new buffers."""
+        if self.keys is None:
+            return KVCache()
+        return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index),
+                       self.length)
+
+
 class MultiHeadAttention(nn.Module):
     """``MultiHead(Q, K, V) = Concat(head_1..head_h) W^O``, ``head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)``.
 
     Used three ways:
 
     * self-attention: ``forward(x, x, x, mask)``;
-    * incremental decoding: ``forward(x_t, x_t, x_t, mask, cache=(k, v))`` appends the new
-      position's keys and values to the cache and returns the grown cache;
+    * incremental decoding: ``forward(x_t, x_t, x_t, cache=cache)`` appends the new
+      position's keys and values to the :class:`KVCache` and returns the grown cache
+      (start from ``KVCache()``);
     * cross-attention: ``project_kv(memory, memory)`` once per source, then
       ``attend(query, k, v, mask)`` on every step.
     """
@@ -349,16 +397,16 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out), weights
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                mask: torch.Tensor | None = None,
-                cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None,
                 need_weights: bool = False):
-        """Returns ``(out (B, Tq, D), weights (B, H, Tq, Tk) or None, (k, v))``.
+        """Returns ``(out (B, Tq, D), weights (B, H, Tq, Tk) or None, cache or None)``.
 
-        With ``cache`` = keys and values of earlier positions ``(B, H, t, D/H)``, the
-        new ones are appended and attention runs over all ``t + Tk`` positions.
+        With ``cache`` holding the keys and values of ``t`` earlier positions, the new
+        ones are appended and attention runs over all ``t + Tk`` positions.
         """
         k, v = self.project_kv(key, value)
         if cache is not None:
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+            cache = cache.append(k, v)
+            k, v = cache.tensors()
         out, weights = self.attend(query, k, v, mask, need_weights)
-        return out, weights, (k, v)
+        return out, weights, cache

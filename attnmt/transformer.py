@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnmt.attention import MultiHeadAttention
+from attnmt.attention import KVCache, MultiHeadAttention
 from attnmt.errors import UserError
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]       # (B, H, T, D/H) each
@@ -119,11 +119,11 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
 
     def forward(self, x: torch.Tensor, self_mask: torch.Tensor | None, cross_kv: KeyValue,
-                memory_mask: torch.Tensor, cache: KeyValue | None = None,
+                memory_mask: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False):
         """``x (B, T, D)``; ``self_mask (B, T, t+T)`` or None when decoding one new position.
 
-        Returns ``(x, cache (k, v) (B, H, t+T, D/H), self weights, cross weights (B, H, T, S))``.
+        Returns ``(x, cache (None without one), self weights, cross weights (B, H, T, S))``.
         """
         h = self.self_norm.input(x)
         attended, self_weights, cache = self.self_attn(h, h, h, self_mask, cache=cache,
@@ -139,12 +139,11 @@ class DecoderLayer(nn.Module):
 @dataclass
 class TransformerState:
     """Decoder state: per-layer self-attention keys and values of the positions so far."""
-    self_kv: list[KeyValue]              # per layer, (B, H, t, D/H) each
+    self_kv: list[KVCache]               # per layer, (B, H, t, D/H) keys and values
     length: int                          # t, the number of positions decoded
 
     def index_select(self, index: torch.Tensor) -> "TransformerState":
-        return TransformerState([(k.index_select(0, index), v.index_select(0, index))
-                                 for k, v in self.self_kv], self.length)
+        return TransformerState([cache.index_select(index) for cache in self.self_kv], self.length)
 
 
 @dataclass
@@ -212,7 +211,7 @@ class TransformerDecoder(nn.Module):
     def step(self, prev_tokens: torch.Tensor, state: TransformerState | None,
              memory: TransformerMemory, need_attention: bool = True):
         """``prev_tokens (B,)`` -> ``(output (B, D), state, cross weights (B, layers, H, S) or None)``."""
-        state = TransformerState([None] * len(self.layers), 0) if state is None else state
+        state = TransformerState([KVCache() for _ in self.layers], 0) if state is None else state
         x = self.embedder(prev_tokens.unsqueeze(1), offset=state.length)
         caches, weights = [], []
         for layer, cross_kv, cache in zip(self.layers, memory.cross_kv, state.self_kv):

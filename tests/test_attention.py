@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnmt.attention import (Additive, Dot, General, LocalAttention, Location,
+from attnmt.attention import (Additive, Dot, General, KVCache, LocalAttention, Location,
                               MultiHeadAttention, ScaledDot, build_scorer, masked_softmax,
                               scaled_dot_product_attention)
 from attnmt.masks import causal_mask, padding_mask
@@ -236,14 +236,25 @@ def test_multihead_causal_self_attention_matches_torch():
 
 def test_multihead_cache_equals_full_causal_pass():
     ours, _ = mha_pair()
-    x = torch.randn(2, 6, 16)
-    full, _, _ = ours(x, x, x, causal_mask(6))
-    cache, steps = None, []
-    for t in range(6):
+    x = torch.randn(2, 40, 16)                  # past the initial capacity: the cache grows
+    full, _, _ = ours(x, x, x, causal_mask(40))
+    cache, steps = KVCache(), []
+    for t in range(40):
         step, _, cache = ours(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], cache=cache)
         steps.append(step)
-    assert cache[0].shape == (2, 4, 6, 4)
+    assert cache.tensors()[0].shape == (2, 4, 40, 4)
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_branches_do_not_overwrite_each_other():
+    cache = KVCache().append(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3))
+    first = cache.append(torch.ones(1, 1, 1, 3), torch.ones(1, 1, 1, 3))
+    second = cache.append(torch.full((1, 1, 1, 3), 2.0), torch.full((1, 1, 1, 3), 2.0))
+    assert first.tensors()[0][0, 0, 2].tolist() == [1.0] * 3
+    assert second.tensors()[0][0, 0, 2].tolist() == [2.0] * 3
+    assert cache.tensors()[0].shape == (1, 1, 2, 3)
+    reordered = first.index_select(torch.tensor([0, 0]))
+    assert reordered.tensors()[1].shape == (2, 1, 3, 3)
 
 
 def test_multihead_precomputed_cross_kv_equals_forward():

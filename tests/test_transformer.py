@@ -68,4 +68,4 @@ def test_decoder_layer_matches_torch(pre_norm):
     out, cache, _, cross = ours(x, causal_mask(4), cross_kv, memory_mask, need_weights=True)
     expected = theirs(x, memory, tgt_mask=~causal_mask(4)[0], memory_key_padding_mask=~memory_mask[:, 0])
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    assert cache[0].shape == (2, H, 4, D // H) and cross.shape == (2, H, 4, 6)
+    assert cache is None and cross.shape == (2, H, 4, 6)
