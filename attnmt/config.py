@@ -69,7 +69,8 @@ class ModelConfig:
     ffn_dim: int = 1024
     norm: str = "post"                # post (paper) | pre
     positions: str = "sinusoidal"     # sinusoidal | learned
-    attention_dropout: float = 0.1
+    attention_dropout: float = 0.1    # on attention weights
+    ffn_dropout: float = 0.0          # on the FFN's hidden layer
     max_positions: int = 1024
     # RNN
     cell: str = "gru"                 # rnn | gru | lstm
@@ -92,7 +93,7 @@ class ModelConfig:
         _choice("model", "decoder", self.decoder, ("none", "bahdanau", "luong"))
         _choice("model", "attention", self.attention,
                 ("dot", "general", "additive", "scaled_dot", "location"))
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "ffn_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"model.{name} must be in [0, 1), got {value}")
         for name in ("encoder_layers", "decoder_layers", "d_model", "heads", "ffn_dim",
@@ -123,7 +124,6 @@ class TrainConfig:
     max_minutes: float = 0.0
     validate_every: int = 500
     log_every: int = 50
-    bleu_every: int = 1               # greedy BLEU on every n-th validation (0 = never)
     early_stop_metric: str = "bleu"   # bleu | loss
     patience: int = 0                 # validations without improvement; 0 = never stop early
     keep_checkpoints: int = 3
@@ -145,7 +145,7 @@ class TrainConfig:
         for name in ("accumulate", "batch_tokens", "validate_every", "log_every", "keep_checkpoints"):
             _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
-                     "weight_decay", "threads", "average_checkpoints", "bleu_every"):
+                     "weight_decay", "threads", "average_checkpoints"):
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
 
 

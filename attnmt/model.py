@@ -73,9 +73,14 @@ def _build_transformer(config: ModelConfig, src_vocab_size: int, tgt_vocab_size:
                         config.positions == "learned", config.dropout, PAD_ID)
 
     sizes = (config.d_model, config.heads, config.ffn_dim, config.dropout,
-             config.attention_dropout, config.norm == "pre")
-    return (TransformerEncoder(embedder(src_vocab_size), config.encoder_layers, *sizes),
-            TransformerDecoder(embedder(tgt_vocab_size), config.decoder_layers, *sizes))
+             config.attention_dropout, config.ffn_dropout, config.norm == "pre")
+    encoder = TransformerEncoder(embedder(src_vocab_size), config.encoder_layers, *sizes)
+    decoder = TransformerDecoder(embedder(tgt_vocab_size), config.decoder_layers, *sizes)
+    for module in (*encoder.layers, *decoder.layers):      # Glorot init, as in the paper's code
+        for layer in module.modules():
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_uniform_(layer.weight)
+    return encoder, decoder
 
 
 def _build_rnn(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):

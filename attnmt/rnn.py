@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from attnmt.dropout import Dropout
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnmt.attention import Attention, LocalAttention, build_scorer
@@ -76,7 +78,7 @@ class RNNEncoder(nn.Module):
                  bidirectional: bool, dropout: float, pad_id: int):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rnn = _rnn_class(cell)(embed_dim, hidden_dim, layers, batch_first=True,
                                     bidirectional=bidirectional,
                                     dropout=dropout if layers > 1 else 0.0)
@@ -109,7 +111,7 @@ class RNNDecoderBase(nn.Module):
         self.layers, self.hidden_dim, self.is_lstm = layers, hidden_dim, cell == "lstm"
         self.output_dim = hidden_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rnn = _rnn_class(cell)(input_dim, hidden_dim, layers, batch_first=True,
                                     dropout=dropout if layers > 1 else 0.0)
         self.bridge = nn.Linear(encoder_dim, layers * hidden_dim)

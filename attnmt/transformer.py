@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnmt.dropout import Dropout
+
 from attnmt.attention import KVCache, MultiHeadAttention
 from attnmt.errors import UserError
 
@@ -49,7 +51,7 @@ class Embedder(nn.Module):
         self.learned = nn.Embedding(max_positions, d_model) if learned_positions else None
         if not learned_positions:
             self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """``tokens (B, T)`` at positions ``offset..offset+T-1`` -> ``(B, T, D)``."""
@@ -66,7 +68,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout),
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), Dropout(dropout),
                                  nn.Linear(ffn_dim, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +81,7 @@ class SublayerNorm(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def input(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,10 +95,10 @@ class SublayerNorm(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, pre_norm):
+    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
-        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, ffn_dropout)
         self.attn_norm = SublayerNorm(d_model, dropout, pre_norm)
         self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
 
@@ -109,11 +111,11 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, pre_norm):
+    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout)
-        self.ffn = FeedForward(d_model, ffn_dim, dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, ffn_dropout)
         self.self_norm = SublayerNorm(d_model, dropout, pre_norm)
         self.cross_norm = SublayerNorm(d_model, dropout, pre_norm)
         self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
@@ -160,12 +162,12 @@ class TransformerMemory:
 
 class TransformerEncoder(nn.Module):
     def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
-                 attention_dropout, pre_norm):
+                 attention_dropout, ffn_dropout, pre_norm):
         super().__init__()
         self.embedder = embedder
         self.embedding = embedder.tokens                 # for embedding tying
         self.layers = nn.ModuleList(EncoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
-                                                 pre_norm) for _ in range(layers))
+                                                 ffn_dropout, pre_norm) for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.output_dim = d_model
 
@@ -182,12 +184,12 @@ class TransformerEncoder(nn.Module):
 
 class TransformerDecoder(nn.Module):
     def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
-                 attention_dropout, pre_norm):
+                 attention_dropout, ffn_dropout, pre_norm):
         super().__init__()
         self.embedder = embedder
         self.embedding = embedder.tokens                 # for embedding tying
         self.layers = nn.ModuleList(DecoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
-                                                 pre_norm) for _ in range(layers))
+                                                 ffn_dropout, pre_norm) for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.output_dim = d_model
 

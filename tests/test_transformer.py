@@ -37,7 +37,7 @@ def copy_common(ours, theirs, norms):
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_encoder_layer_matches_torch(pre_norm):
     torch.manual_seed(0)
-    ours = EncoderLayer(D, H, FFN, 0.0, 0.0, pre_norm).eval()
+    ours = EncoderLayer(D, H, FFN, 0.0, 0.0, 0.0, pre_norm).eval()
     theirs = torch.nn.TransformerEncoderLayer(D, H, FFN, dropout=0.0, batch_first=True,
                                               norm_first=pre_norm).eval()
     with torch.no_grad():
@@ -55,7 +55,7 @@ def test_encoder_layer_matches_torch(pre_norm):
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_decoder_layer_matches_torch(pre_norm):
     torch.manual_seed(0)
-    ours = DecoderLayer(D, H, FFN, 0.0, 0.0, pre_norm).eval()
+    ours = DecoderLayer(D, H, FFN, 0.0, 0.0, 0.0, pre_norm).eval()
     theirs = torch.nn.TransformerDecoderLayer(D, H, FFN, dropout=0.0, batch_first=True,
                                               norm_first=pre_norm).eval()
     with torch.no_grad():

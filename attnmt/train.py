@@ -1,0 +1,364 @@
+"""Training: ``attnmt train CONFIG [--run DIR] [--set section.key=value ...]``.
+
+A run directory holds everything a run needs to continue or to translate:
+``config.yaml``, the tokenizer files, ``checkpoints/step_N.safetensors`` (the last
+``train.keep_checkpoints``), ``last.safetensors``, ``best.safetensors``,
+``trainer_state.pt`` (optimizer, step, data position, RNG) and ``log.csv``.
+Training on an existing run directory resumes it exactly: the same batches, the
+same dropout masks, the same losses as a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from attnmt.checkpoint import (average_into, load_state, load_weights, save_state,
+                               save_weights)
+from attnmt.config import Config, TrainConfig, load_config, save_config
+from attnmt.data import PAD_ID
+from attnmt.data.batching import source_batches, source_tensor, token_batches
+from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
+from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
+                                    train_tokenizers)
+from attnmt.errors import UserError
+from attnmt.evaluate import corpus_bleu
+from attnmt.loss import label_smoothed_cross_entropy
+from attnmt.model import Seq2Seq, build_model
+from attnmt.runtime import keep_freed_memory
+from attnmt.search import greedy_search
+
+LOG_COLUMNS = ["step", "epoch", "loss", "lr", "tokens_per_s", "valid_loss", "valid_ppl",
+               "valid_bleu", "elapsed_s"]
+
+
+def learning_rate(step: int, config: TrainConfig, plateau_scale: float = 1.0) -> float:
+    """Learning rate at update ``step`` (1-based).
+
+    ``noam``: linear warmup to ``lr`` at ``warmup`` steps, then ``lr * sqrt(warmup / step)``
+    (Vaswani et al. 2017, with the peak given directly). ``constant`` and ``plateau``:
+    linear warmup, then ``lr`` (times the plateau reductions so far).
+    """
+    warmup_factor = min(1.0, step / config.warmup) if config.warmup else 1.0
+    if config.schedule == "noam" and config.warmup and step > config.warmup:
+        return config.lr * math.sqrt(config.warmup / step)
+    return config.lr * warmup_factor * plateau_scale
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved with every checkpoint for exact resume."""
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0              # index of the next batch of this epoch
+    elapsed: float = 0.0                 # seconds of training and validation, over all sessions
+    best: float | None = None            # best validation metric
+    bad_validations: int = 0
+    plateau_scale: float = 1.0
+    checkpoints: list[str] = field(default_factory=list)
+    finished: bool = False               # stopped early: no improvement for `patience` validations
+
+
+class RunDirectory:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.config = self.path / "config.yaml"
+        self.log = self.path / "log.csv"
+        self.state = self.path / "trainer_state.pt"
+        self.last = self.path / "last.safetensors"
+        self.best = self.path / "best.safetensors"
+        self.checkpoints = self.path / "checkpoints"
+
+    def exists(self) -> bool:
+        return self.state.is_file()
+
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype: bf16 where the hardware runs it natively, else None (fp32)."""
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        supported = torch.cuda.is_bf16_supported()
+    else:
+        supported = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if precision == "bf16" and not supported:
+        raise UserError(f"train.precision: bf16 is not supported on this {device.type}; use fp32")
+    return torch.bfloat16 if supported else None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device: cuda requested but no CUDA device is available")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def prepare_data(config: Config, run: RunDirectory):
+    """Tokenizers (trained once, then loaded from the run directory) and tokenized splits."""
+    train_corpus = load_split(config.data, "train")
+    if (run.path / TOKENIZER_FILE).is_file():
+        source_tokenizer, target_tokenizer = load_tokenizers(run.path)
+    else:
+        source_tokenizer, target_tokenizer = train_tokenizers(config.data, train_corpus.source,
+                                                              train_corpus.target)
+        save_tokenizers(run.path, source_tokenizer, target_tokenizer)
+    train_split, report = tokenize_split(train_corpus, source_tokenizer, target_tokenizer,
+                                         config.data.max_len)
+    tqdm.write(report)
+    valid_split, _ = tokenize_split(load_split(config.data, "valid"), source_tokenizer,
+                                    target_tokenizer)
+    return (source_tokenizer, target_tokenizer), train_split, valid_split
+
+
+class Trainer:
+    def __init__(self, config: Config, run: RunDirectory):
+        self.config, self.train_config, self.run = config, config.train, run
+        keep_freed_memory()
+        torch.set_num_threads(self.train_config.threads or os.cpu_count() or 1)
+        torch.manual_seed(self.train_config.seed)
+        self.device = resolve_device(self.train_config.device)
+        self.autocast_dtype = resolve_precision(self.train_config.precision, self.device)
+        self.tokenizers, self.train_split, self.valid_split = prepare_data(config, run)
+        self.model = build_model(config.model, self.tokenizers[0].vocab_size,
+                                 self.tokenizers[1].vocab_size).to(self.device)
+        optimizer_class = torch.optim.AdamW if self.train_config.optimizer == "adamw" else torch.optim.Adam
+        self.optimizer = optimizer_class(self.model.parameters(), lr=self.train_config.lr,
+                                         betas=self.train_config.betas, eps=1e-9,
+                                         weight_decay=self.train_config.weight_decay)
+        self.progress = Progress()
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def save_checkpoint(self, improved: bool) -> None:
+        self.run.checkpoints.mkdir(exist_ok=True)
+        name = f"step_{self.progress.step}.safetensors"
+        metadata = {"step": str(self.progress.step), "format": "attnmt"}
+        save_weights(self.model, self.run.checkpoints / name, metadata)
+        if improved:
+            save_weights(self.model, self.run.best, metadata)
+        if name not in self.progress.checkpoints:
+            self.progress.checkpoints.append(name)
+        removed = self.progress.checkpoints[:-self.train_config.keep_checkpoints]
+        self.progress.checkpoints = self.progress.checkpoints[-self.train_config.keep_checkpoints:]
+        save_state({"progress": asdict(self.progress), "optimizer": self.optimizer.state_dict(),
+                    "torch_rng": torch.get_rng_state()}, self.run.state)
+        save_weights(self.model, self.run.last, metadata)
+        for old in removed:
+            (self.run.checkpoints / old).unlink(missing_ok=True)
+
+    def resume(self) -> None:
+        state = load_state(self.run.state)
+        try:
+            self.progress = Progress(**state["progress"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["torch_rng"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise UserError(f"{self.run.state} is not a valid attnmt trainer state ({error})") from None
+        load_weights(self.model, self.run.checkpoints / self.progress.checkpoints[-1])
+        self._truncate_log(self.progress.step)
+
+    def _truncate_log(self, step: int) -> None:
+        """Drop log rows written after the checkpoint we resume from (they will be redone)."""
+        if not self.run.log.is_file():
+            return
+        with open(self.run.log, newline="") as handle:
+            rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
+        with open(self.run.log, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def log(self, row: dict) -> None:
+        new = not self.run.log.is_file()
+        with open(self.run.log, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow({key: row.get(key, "") for key in LOG_COLUMNS})
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def batch_stream(self):
+        """Training batches from the saved data position on, epoch after epoch."""
+        while True:
+            batches = token_batches(self.train_split.src_lengths, self.train_split.tgt_lengths,
+                                    self.train_config.batch_tokens, self.train_config.seed,
+                                    self.progress.epoch)
+            while self.progress.batch_in_epoch < len(batches):
+                index = self.progress.batch_in_epoch
+                self.progress.batch_in_epoch += 1
+                yield self.train_split.batch(batches[index])
+            self.progress.epoch += 1
+            self.progress.batch_in_epoch = 0
+
+    def loss(self, batch, label_smoothing: float) -> torch.Tensor:
+        """Summed token cross-entropy of one batch (float32)."""
+        with self.autocast():
+            logits = self.model(batch.src.to(self.device), batch.src_mask.to(self.device),
+                                batch.tgt_in.to(self.device), batch.tgt_mask.to(self.device))
+        return label_smoothed_cross_entropy(logits.flatten(0, 1), batch.tgt_out.to(self.device).flatten(),
+                                            label_smoothing, PAD_ID)
+
+    def train_step(self, batches) -> tuple[float, int]:
+        """One update over ``accumulate`` batches; returns (loss per target token, target tokens)."""
+        self.model.train()
+        tokens = sum(batch.target_tokens for batch in batches)
+        total = 0.0
+        for batch in batches:
+            loss = self.loss(batch, self.train_config.label_smoothing)
+            (loss / tokens).backward()
+            total += loss.item()
+        if self.train_config.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_config.clip_norm)
+        self.progress.step += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(self.progress.step, self.train_config,
+                                        self.progress.plateau_scale)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total / tokens, tokens
+
+    def should_stop(self) -> bool:
+        config, progress = self.train_config, self.progress
+        return (progress.finished
+                or (config.max_steps and progress.step >= config.max_steps)
+                or (config.max_epochs and progress.epoch >= config.max_epochs)
+                or (config.max_minutes and progress.elapsed >= config.max_minutes * 60))
+
+    def fit(self) -> Progress:
+        if self.run.exists():
+            self.resume()
+            tqdm.write(f"resuming {self.run.path} at step {self.progress.step}")
+        stream = self.batch_stream()
+        bar = tqdm(initial=self.progress.step, total=self.train_config.max_steps or None,
+                   unit="step", dynamic_ncols=True, disable=None)
+        window_loss, window_steps, window_tokens, window_time = 0.0, 0, 0, 0.0
+        while not self.should_stop():
+            start = time.perf_counter()
+            batches = [next(stream) for _ in range(self.train_config.accumulate)]
+            loss, tokens = self.train_step(batches)
+            seconds = time.perf_counter() - start
+            self.progress.elapsed += seconds          # validation time is added below
+            window_loss, window_steps = window_loss + loss, window_steps + 1
+            window_tokens, window_time = window_tokens + tokens, window_time + seconds
+            lr = self.optimizer.param_groups[0]["lr"]
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
+            row = {}
+            if self.progress.step % self.train_config.log_every == 0:
+                row = {"loss": f"{window_loss / window_steps:.6f}",
+                       "tokens_per_s": f"{window_tokens / window_time:.1f}"}
+                window_loss, window_steps, window_tokens, window_time = 0.0, 0, 0, 0.0
+            validate = (self.progress.step % self.train_config.validate_every == 0
+                        or self.should_stop())
+            if validate:
+                validation_start = time.perf_counter()
+                row.update(self.validate(validation_start))
+            if row:
+                self.log({"step": self.progress.step, "epoch": self.progress.epoch, "lr": f"{lr:.6g}",
+                          "elapsed_s": f"{self.progress.elapsed:.1f}", **row})
+        bar.close()
+        self.finish()
+        return self.progress
+
+    def finish(self) -> None:
+        """Average the last checkpoints into best.safetensors when asked."""
+        count = self.train_config.average_checkpoints
+        if count > 1 and len(self.progress.checkpoints) > 1:
+            names = self.progress.checkpoints[-count:]
+            average_into(self.model, [self.run.checkpoints / name for name in names])
+            save_weights(self.model, self.run.best, {"averaged": ",".join(names), "format": "attnmt"})
+            tqdm.write(f"best.safetensors = average of {', '.join(names)}")
+
+    # --- validation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        """Mean token cross-entropy on the validation set, without label smoothing."""
+        self.model.eval()
+        split = self.valid_split
+        total, tokens = 0.0, 0
+        for indices in token_batches(split.src_lengths, split.tgt_lengths,
+                                     self.train_config.batch_tokens, shuffle=False):
+            batch = split.batch(indices)
+            total += self.loss(batch, 0.0).item()
+            tokens += batch.target_tokens
+        return total / max(tokens, 1)
+
+    def validate(self, start: float) -> dict:
+        """Validation loss, perplexity and greedy BLEU; early stopping; a checkpoint.
+
+        ``start`` is when validation began: its time counts toward ``train.max_minutes``.
+        """
+        valid_loss = self.validation_loss()
+        bleu = validation_bleu(self.model, self.valid_split, self.tokenizers[1], self.config,
+                               self.device, self.autocast)
+        metric = bleu if self.train_config.early_stop_metric == "bleu" else -valid_loss
+        improved = self.progress.best is None or metric > self.progress.best
+        if improved:
+            self.progress.best, self.progress.bad_validations = metric, 0
+        else:
+            self.progress.bad_validations += 1
+            if self.train_config.schedule == "plateau" and \
+                    self.progress.bad_validations % self.train_config.plateau_patience == 0:
+                self.progress.plateau_scale *= self.train_config.plateau_factor
+            if self.train_config.patience and \
+                    self.progress.bad_validations >= self.train_config.patience:
+                self.progress.finished = True
+        self.progress.elapsed += time.perf_counter() - start
+        self.save_checkpoint(improved)
+        tqdm.write(f"step {self.progress.step}: valid loss {valid_loss:.4f}  "
+                   f"ppl {math.exp(min(valid_loss, 50)):.2f}  BLEU {bleu:.2f}"
+                   f"{'  (best)' if improved else ''}  [{self.progress.elapsed / 60:.1f} min]")
+        return {"valid_loss": f"{valid_loss:.6f}", "valid_ppl": f"{math.exp(min(valid_loss, 50)):.4f}",
+                "valid_bleu": f"{bleu:.4f}"}
+
+
+def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, config: Config,
+                    device: torch.device, autocast) -> float:
+    """Greedy-decoded sacreBLEU of the validation set against its raw references."""
+    model.eval()
+    hypotheses = [""] * len(split)
+    for indices in source_batches(split.src_lengths.tolist(), config.decode.batch_tokens):
+        src, src_mask = source_tensor([split.sources[i] for i in indices])
+        with autocast():
+            results = greedy_search(model, src.to(device), src_mask.to(device),
+                                    config.decode.max_len_a, config.decode.max_len_b)
+        for index, hypothesis in zip(indices, results):
+            hypotheses[index] = target_tokenizer.decode(hypothesis.tokens)
+    return corpus_bleu(hypotheses, split.corpus.target)
+
+
+def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> Path:
+    """Train (or resume) the run described by a config file; returns the run directory."""
+    config = load_config(config_path, overrides)
+    run = RunDirectory(Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
+    run.path.mkdir(parents=True, exist_ok=True)
+    if run.config.is_file():
+        check_same_experiment(load_config(run.config), config, run.config)
+    save_config(config, run.config)
+    Trainer(config, run).fit()
+    return run.path
+
+
+def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:
+    """A run directory continues only the experiment it holds: same data and model."""
+    for section in ("data", "model"):
+        if getattr(saved, section) != getattr(requested, section):
+            raise UserError(f"{saved_path} holds a run with a different '{section}' section; "
+                            "resume with the same config or choose a new --run directory")
+
