@@ -36,7 +36,13 @@ class Seq2Seq(nn.Module):
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor,
                 tgt_mask: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: ``tgt_in (B, T)``, ``tgt_mask (B, T, T)`` -> logits ``(B, T, V)``."""
-        return self.generator(self.decoder(tgt_in, tgt_mask, self.encode(src, src_mask)))
+        return self.generator(self.features(src, src_mask, tgt_in, tgt_mask))
+
+    def features(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor,
+                 tgt_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced decoder outputs ``(B, T, D)``, before the output projection
+        (training fuses the projection into the loss, see :mod:`attnmt.loss`)."""
+        return self.decoder(tgt_in, tgt_mask, self.encode(src, src_mask))
 
     def decode_step(self, prev_tokens: torch.Tensor, state, memory, need_attention: bool = True):
         """One target position for every batch entry.

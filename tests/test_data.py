@@ -1,0 +1,195 @@
+import gzip
+import os
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnmt.config import DataConfig
+from attnmt.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attnmt.data.batching import make_batch, source_batches, token_batches
+from attnmt.data.corpus import ParallelCorpus, read_multi30k, read_parallel
+from attnmt.data.datasets import load_split, tokenize_split
+from attnmt.data.numbers import numbers_corpus, split_integers
+from attnmt.data.tokenizers import load_tokenizers, save_tokenizers, train_tokenizers
+from attnmt.errors import UserError
+
+SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+needs_multi30k = pytest.mark.skipif(not SHARED_MULTI30K.is_dir(),
+                                    reason=f"Multi30k data not found at {SHARED_MULTI30K}")
+
+
+def write(path: Path, lines: list[str], compress: bool = False) -> Path:
+    data = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+def test_reads_prefix_and_languages_with_gzip(tmp_path):
+    write(tmp_path / "train.de", ["ein Hund", "zwei Katzen"])
+    write(tmp_path / "train.en.gz", ["a dog", "two cats"], compress=True)
+    corpus = read_parallel(tmp_path / "train", "de", "en")
+    assert corpus.source == ["ein Hund", "zwei Katzen"] and corpus.target == ["a dog", "two cats"]
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    write(tmp_path / "train.de", ["a", "b", "c"])
+    write(tmp_path / "train.en", ["a", "b"])
+    with pytest.raises(UserError, match=r"line counts differ: .*train.de has 3 lines, .*train.en has 2"):
+        read_parallel(tmp_path / "train", "de", "en")
+
+
+def test_missing_file(tmp_path):
+    write(tmp_path / "train.de", ["a"])
+    with pytest.raises(UserError, match=r"file not found: .*train.en \(nor .*train.en.gz\)"):
+        read_parallel(tmp_path / "train", "de", "en")
+
+
+def test_bad_utf8_names_file_and_line(tmp_path):
+    write(tmp_path / "train.de", ["gut", "auch gut"])
+    (tmp_path / "train.en").write_bytes(b"fine\nbroken \xff here\n")
+    with pytest.raises(UserError, match=r"train.en: line 2 is not valid UTF-8"):
+        read_parallel(tmp_path / "train", "de", "en")
+
+
+def test_tsv_corpus_and_its_errors(tmp_path):
+    write(tmp_path / "pairs.tsv", ["hallo\thello", "welt\tworld"])
+    assert read_parallel(tmp_path / "pairs.tsv", "de", "en").target == ["hello", "world"]
+    write(tmp_path / "bad.tsv", ["hallo\thello", "only one field"])
+    with pytest.raises(UserError, match="line 2 has 1 tab-separated fields, expected 2"):
+        read_parallel(tmp_path / "bad.tsv", "de", "en")
+
+
+def test_filtering_is_reported_and_an_empty_training_set_refused():
+    tokenizer = train_tokenizers(DataConfig(tokenizer="whitespace", vocab_size=50), ["a b c"], ["x"])[0]
+    corpus = ParallelCorpus(["a b", "", "a b c a b c"], ["a", "b", "c"], "toy")
+    split, report = tokenize_split(corpus, tokenizer, tokenizer, max_len=4)
+    assert len(split) == 1
+    assert report == "toy: 3 pairs, kept 1 (dropped 1 empty, 1 longer than 4 tokens)"
+    with pytest.raises(UserError, match="no training pairs left after filtering"):
+        tokenize_split(corpus, tokenizer, tokenizer, max_len=1)
+
+
+def test_numbers_splits_are_disjoint_and_deterministic():
+    sizes = {"train": 300, "valid": 50, "test": 50}
+    splits = split_integers(999, sizes, seed=3)
+    assert {len(v) for v in splits.values()} == {300, 50}
+    assert not set(splits["train"]) & set(splits["test"])
+    assert not set(splits["valid"]) & set(splits["test"]) | set(splits["train"]) & set(splits["valid"])
+    assert split_integers(999, sizes, seed=3) == splits
+    assert split_integers(999, sizes, seed=4) != splits
+
+
+def test_numbers_corpus_crosses_alignments():
+    corpus = numbers_corpus("train", "de", "en", 99, {"train": 100, "valid": 0, "test": 0}, seed=1)
+    pairs = dict(zip(corpus.source, corpus.target))
+    assert pairs["vierundzwanzig"] == "twenty-four"
+    french = numbers_corpus("train", "de", "fr", 99, {"train": 100, "valid": 0, "test": 0}, seed=1)
+    assert "quatre-vingt-dix-sept" in french.target
+
+
+def test_numbers_errors():
+    with pytest.raises(UserError, match="only 100 integers in 0..99"):
+        split_integers(99, {"train": 90, "valid": 10, "test": 10}, seed=1)
+    with pytest.raises(UserError, match="num2words has no language 'xx'"):
+        numbers_corpus("train", "xx", "en", 99, {"train": 10, "valid": 0, "test": 0}, seed=1)
+
+
+TEXTS = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee!", "Größe: 3,5 m — naïve café"]
+
+
+@pytest.mark.parametrize("kind,model,joint", [("sentencepiece", "unigram", True),
+                                              ("sentencepiece", "bpe", False),
+                                              ("char", "unigram", True),
+                                              ("whitespace", "unigram", False)])
+def test_tokenizers_round_trip_and_reload(tmp_path, kind, model, joint):
+    config = DataConfig(tokenizer=kind, sp_model=model, vocab_size=60, joint_vocab=joint)
+    source, target = train_tokenizers(config, TEXTS * 20, [t.lower() for t in TEXTS] * 20)
+    assert (source is target) == joint
+    for text in TEXTS:
+        ids = source.encode(text)
+        assert min(ids) > EOS_ID and UNK_ID not in ids
+        assert source.decode([BOS_ID] + ids + [EOS_ID, PAD_ID]) == text
+    save_tokenizers(tmp_path, source, target)
+    loaded_source, loaded_target = load_tokenizers(tmp_path)
+    assert loaded_source.encode(TEXTS[1]) == source.encode(TEXTS[1])
+    assert loaded_target.vocab_size == target.vocab_size
+    assert (loaded_source is loaded_target) == joint
+
+
+def test_unknown_symbols_map_to_unk():
+    tokenizer = train_tokenizers(DataConfig(tokenizer="char", vocab_size=60), ["abc"], ["abc"])[0]
+    assert tokenizer.encode("abz") == tokenizer.encode("ab")[:2] + [UNK_ID]
+
+
+def test_corrupt_tokenizer_description(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(UserError, match="tokenizer.json is not a valid attnmt tokenizer"):
+        load_tokenizers(tmp_path)
+
+
+def lengths(seed=0, count=500):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 40, count), rng.integers(1, 40, count)
+
+
+def test_token_batches_cover_every_pair_once_within_budget():
+    src, tgt = lengths()
+    batches = token_batches(src, tgt, batch_tokens=300, seed=1, epoch=0)
+    flat = [i for batch in batches for i in batch]
+    assert sorted(flat) == list(range(500))
+    for batch in batches:
+        longest = max(max(src[i], tgt[i]) + 1 for i in batch)
+        assert len(batch) * longest <= 300 or len(batch) == 1
+
+
+def test_token_batches_deterministic_per_epoch():
+    src, tgt = lengths()
+    first = token_batches(src, tgt, 300, seed=1, epoch=0)
+    assert token_batches(src, tgt, 300, seed=1, epoch=0) == first
+    assert token_batches(src, tgt, 300, seed=1, epoch=1) != first
+    assert token_batches(src, tgt, 300, seed=2, epoch=0) != first
+
+
+def test_oversized_example_gets_its_own_batch():
+    batches = token_batches(np.array([5, 500, 5]), np.array([5, 5, 5]), 100, shuffle=False)
+    assert [1] in batches and sorted(i for b in batches for i in b) == [0, 1, 2]
+
+
+def test_source_batches_longest_first():
+    batches = source_batches([3, 9, 1, 5], batch_tokens=20)
+    assert batches[0][0] == 1 and sorted(i for b in batches for i in b) == [0, 1, 2, 3]
+
+
+def test_make_batch_adds_bos_and_eos():
+    batch = make_batch([[5, 6], [7]], [[8], [9, 10]], [0, 1])
+    assert batch.src.tolist() == [[5, 6, EOS_ID], [7, EOS_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, PAD_ID], [BOS_ID, 9, 10]]
+    assert batch.tgt_out.tolist() == [[8, EOS_ID, PAD_ID], [9, 10, EOS_ID]]
+    assert batch.target_tokens == 5 and batch.tgt_mask.shape == (2, 3, 3)
+
+
+def test_files_dataset_needs_its_paths():
+    with pytest.raises(UserError, match="data.train is not set"):
+        load_split(DataConfig(dataset="files"), "train")
+
+
+@needs_multi30k
+def test_multi30k_from_local_folder():
+    corpus = read_multi30k("valid", "de", "en", str(SHARED_MULTI30K))
+    assert len(corpus) == 1014 and corpus.name == "multi30k/val"
+
+
+def test_multi30k_absent_without_network_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNMT_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    with pytest.raises(UserError, match=r"Multi30k files not found \(looked in .*empty.*\) and the "
+                                        r"download failed .*set data.dir or ATTNMT_DATA"):
+        read_multi30k("train", "de", "en", str(tmp_path / "empty"))
+    assert not any(name.endswith(".gz") for _, _, names in os.walk(tmp_path) for name in names)
