@@ -34,7 +34,8 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
                   need_attention: bool = False) -> list[Hypothesis]:
     """Argmax at each step, feeding the output back in. One hypothesis per source sentence.
 
-    ``src (B, S)``, ``src_mask (B, 1, S)``. A sentence stops at EOS or at its maximum length.
+    ``src (B, S)``, ``src_mask (B, 1, S)``. A sentence stops at EOS, which is forced at its
+    maximum length (``max_len_a * source length + max_len_b`` tokens, EOS included).
     """
     memory = model.encode(src, src_mask)
     limits = max_output_lengths(src_mask, max_len_a, max_len_b)
@@ -46,10 +47,9 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
     state = None
     for step in range(int(limits.max())):
         log_probs, state, step_attention = model.decode_step(prev, state, memory, need_attention)
-        if step < min_len:
-            log_probs[:, EOS_ID] = float("-inf")
+        log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist()).squeeze(1)
         best_log_prob, best = log_probs.max(dim=-1)
-        finished = (best == EOS_ID) | (step + 1 >= limits[rows].to(best.device))
+        finished = best == EOS_ID
         for row, sentence in enumerate(rows.tolist()):
             log_probs_sum[sentence] += float(best_log_prob[row])
             if best[row] != EOS_ID:
@@ -65,3 +65,134 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
         prev = best
     return [Hypothesis(tokens[i], log_probs_sum[i], log_probs_sum[i],
                        torch.stack(attention[i]) if attention[i] else None) for i in range(batch)]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ``((5 + |y|) / 6) ** alpha`` (Wu et al. 2016); 1 when alpha = 0."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def top_candidates(cumulative: torch.Tensor, log_probs: torch.Tensor, count: int):
+    """Top-k selection over every (beam, token) extension.
+
+    ``cumulative (N, K)`` beam scores, ``log_probs (N, K, V)`` -> the best ``count`` of the
+    ``K x V`` extensions per sentence: ``(scores, beam indices, tokens)``, each ``(N, count)``.
+    """
+    vocab = log_probs.size(-1)
+    flat = (cumulative.unsqueeze(-1) + log_probs).flatten(1)
+    scores, indices = flat.topk(min(count, flat.size(1)), dim=1)
+    return scores, indices // vocab, indices % vocab
+
+
+@dataclass
+class _Beams:
+    """The live hypotheses of every sentence still searching, K rows per sentence."""
+    sentences: list[int]                  # original index of each live sentence, in row order
+    cumulative: torch.Tensor              # (N, K) summed log-probabilities
+    history: torch.Tensor                 # (N * K, t) tokens so far
+    attention: torch.Tensor | None        # (N * K, t, ...) attention so far
+
+
+@torch.no_grad()
+def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5, alpha: float = 0.6,
+                max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0, n_best: int = 1,
+                need_attention: bool = False) -> list[list[Hypothesis]]:
+    """Beam search batched over sentences and beams; the ``n_best`` best hypotheses per sentence.
+
+    Hypotheses are ranked by ``log P(y|x) / length_penalty(|y|, alpha)``, ``|y|`` counting
+    EOS. A sentence stops searching once ``n_best`` hypotheses are finished and no live
+    one can beat them any more (its log-probability can only fall, and the penalty is at
+    most that of the maximum length); then its rows leave the batch.
+    """
+    batch, k = src.size(0), beam
+    memory = model.encode(src, src_mask)
+    memory = memory.index_select(torch.arange(batch, device=src.device).repeat_interleave(k))
+    limits = max_output_lengths(src_mask, max_len_a, max_len_b).tolist()
+    cumulative = torch.full((batch, k), float("-inf"), device=src.device)
+    cumulative[:, 0] = 0.0                                    # one live beam at the start
+    beams = _Beams(list(range(batch)), cumulative,
+                   torch.empty(batch * k, 0, dtype=torch.long, device=src.device), None)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=src.device)
+    state = None
+    for step in range(max(limits)):
+        log_probs, state, attention = model.decode_step(prev, state, memory, need_attention)
+        log_probs = _constrain(log_probs.view(len(beams.sentences), k, -1), step, min_len,
+                               [limits[s] for s in beams.sentences])
+        if attention is not None:
+            step_attention = attention.float().unsqueeze(1)
+            beams.attention = step_attention if beams.attention is None else \
+                torch.cat([beams.attention, step_attention], dim=1)
+        scores, origins, tokens = top_candidates(beams.cumulative, log_probs, 2 * k)
+        rows, next_tokens, next_scores, keep = _advance(beams, scores, origins, tokens, step, k,
+                                                        alpha, limits, n_best, finished)
+        if not keep:
+            break
+        rows = torch.tensor(rows, device=src.device)
+        state = state.index_select(rows)
+        if len(keep) < len(beams.sentences):                  # sentences finished: drop their rows
+            kept_rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=src.device)
+            memory = memory.index_select(kept_rows)
+        prev = torch.tensor(next_tokens, device=src.device)
+        beams = _Beams([beams.sentences[i] for i in keep],
+                       torch.tensor(next_scores, device=src.device).view(len(keep), k),
+                       torch.cat([beams.history[rows], prev.unsqueeze(1)], dim=1),
+                       None if beams.attention is None else beams.attention[rows])
+    return [sorted(hypotheses, key=lambda h: -h.score)[:n_best] for hypotheses in finished]
+
+
+def _constrain(log_probs: torch.Tensor, step: int, min_len: int, limits: list[int]) -> torch.Tensor:
+    """No EOS before ``min_len`` tokens; only EOS at a sentence's maximum length."""
+    if step < min_len:
+        log_probs[..., EOS_ID] = float("-inf")
+    at_limit = torch.tensor([step + 1 >= limit for limit in limits], device=log_probs.device)
+    if at_limit.any():
+        only_eos = torch.full_like(log_probs[0], float("-inf"))
+        only_eos[:, EOS_ID] = 0.0
+        log_probs[at_limit] = torch.where(torch.isinf(only_eos), only_eos, log_probs[at_limit])
+    return log_probs
+
+
+def _advance(beams: _Beams, scores, origins, tokens, step, k, alpha, limits, n_best, finished):
+    """Finish EOS candidates, keep the best ``k`` others per sentence, decide who goes on.
+
+    Returns the rows to continue from, their new tokens and scores, and the positions
+    (in ``beams.sentences``) of the sentences still searching.
+    """
+    rows, next_tokens, next_scores, keep = [], [], [], []
+    for i, sentence in enumerate(beams.sentences):
+        live = []
+        for rank, (score, origin, token) in enumerate(zip(scores[i].tolist(), origins[i].tolist(),
+                                                          tokens[i].tolist())):
+            if score == float("-inf") or len(live) == k:
+                break
+            row = i * k + origin
+            if token == EOS_ID:
+                if rank < k:                                  # an EOS must rank within the beam
+                    finished[sentence].append(_finished(beams, row, score, step, alpha))
+            else:
+                live.append((row, token, score))
+        if live and not _sentence_done(finished[sentence], live[0][2], limits[sentence], alpha,
+                                       n_best):
+            live += [(live[0][0], EOS_ID, float("-inf"))] * (k - len(live))   # pad dead beams
+            keep.append(i)
+            for row, token, score in live:
+                rows.append(row)
+                next_tokens.append(token)
+                next_scores.append(score)
+    return rows, next_tokens, next_scores, keep
+
+
+def _finished(beams: _Beams, row: int, score: float, step: int, alpha: float) -> Hypothesis:
+    attention = None if beams.attention is None else beams.attention[row].cpu()
+    return Hypothesis(beams.history[row].tolist(), score / length_penalty(step + 1, alpha), score,
+                      attention)
+
+
+def _sentence_done(finished: list[Hypothesis], best_live: float, limit: int, alpha: float,
+                   n_best: int) -> bool:
+    """Done when n_best hypotheses are finished and the best live one cannot overtake them."""
+    if len(finished) < n_best:
+        return False
+    nth_best = sorted(h.score for h in finished)[-n_best]
+    return best_live / length_penalty(limit, alpha) <= nth_best

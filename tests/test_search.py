@@ -1,0 +1,191 @@
+import itertools
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from attnmt.config import ModelConfig
+from attnmt.data import BOS_ID, EOS_ID, PAD_ID
+from attnmt.masks import padding_mask, target_mask
+from attnmt.model import build_model
+from attnmt.search import beam_search, greedy_search, length_penalty, top_candidates
+
+from conftest import make_model, toy_batch
+
+SEARCH_ARCHS = ["transformer-post", "bahdanau-additive", "luong-general", "rnn-none-gru"]
+
+
+@pytest.mark.parametrize("arch_name", SEARCH_ARCHS)
+def test_beam_of_one_equals_greedy(arch_name):
+    model = make_model(arch_name)
+    src, src_mask, _, _ = toy_batch()
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=4)
+    beam = beam_search(model, src, src_mask, beam=1, alpha=0.0, max_len_a=1.0, max_len_b=4)
+    for g, (b,) in zip(greedy, beam):
+        assert g.tokens == b.tokens
+        assert g.score == pytest.approx(b.score, abs=1e-5)
+
+
+@pytest.mark.parametrize("arch_name", SEARCH_ARCHS)
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_sentence_alone_equals_sentence_in_batch(arch_name, search):
+    model = make_model(arch_name)
+    src, src_mask, _, _ = toy_batch()
+
+    def run(s, m):
+        if search == "greedy":
+            return greedy_search(model, s, m, max_len_a=1.0, max_len_b=5)
+        return [hyps[0] for hyps in beam_search(model, s, m, beam=4, alpha=0.6, max_len_a=1.0,
+                                                max_len_b=5)]
+
+    batched = run(src, src_mask)
+    for row in range(src.size(0)):
+        alone_src = src[row:row + 1, :int(src_mask[row].sum())]
+        (alone,) = run(alone_src, padding_mask(alone_src, PAD_ID))
+        assert alone.tokens == batched[row].tokens
+        assert alone.score == pytest.approx(batched[row].score, abs=1e-5)
+
+
+@dataclass
+class PrefixState:
+    prefix: torch.Tensor                       # (B, t) every token so far
+
+    def index_select(self, index):
+        return PrefixState(self.prefix.index_select(0, index))
+
+
+@dataclass
+class SourceMemory:
+    src: torch.Tensor
+    mask: torch.Tensor
+
+    def index_select(self, index):
+        return SourceMemory(self.src.index_select(0, index), self.mask.index_select(0, index))
+
+
+class Recomputing:
+    """The same model, decoding without any cache: the whole prefix again at every step."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def encode(self, src, src_mask):
+        return SourceMemory(src, src_mask)
+
+    def decode_step(self, prev_tokens, state, memory, need_attention=True):
+        prefix = prev_tokens.unsqueeze(1) if state is None else \
+            torch.cat([state.prefix, prev_tokens.unsqueeze(1)], dim=1)
+        logits = self.model(memory.src, memory.mask, prefix, target_mask(prefix, PAD_ID))
+        return torch.log_softmax(logits[:, -1].float(), -1), PrefixState(prefix), None
+
+
+@pytest.mark.parametrize("arch_name", ["transformer-post", "luong-general"])
+def test_cached_beam_search_equals_recomputed(arch_name):
+    model = make_model(arch_name)
+    src, src_mask, _, _ = toy_batch()
+    options = dict(beam=3, alpha=0.6, max_len_a=1.0, max_len_b=4, n_best=3)
+    cached = beam_search(model, src, src_mask, **options)
+    recomputed = beam_search(Recomputing(model), src, src_mask, **options)
+    for ours, reference in zip(cached, recomputed):
+        assert [h.tokens for h in ours] == [h.tokens for h in reference]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in reference], abs=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_wide_beam_finds_the_exhaustive_optimum(alpha):
+    torch.manual_seed(3)
+    config = ModelConfig(arch="transformer", d_model=8, heads=2, ffn_dim=16, encoder_layers=1,
+                         decoder_layers=1, dropout=0.0, attention_dropout=0.0)
+    model = build_model(config, 5, 5).eval()
+    src = torch.tensor([[3, 4, EOS_ID]])
+    src_mask = padding_mask(src, PAD_ID)
+    limit, vocab = 3, 5
+    best_score, best_tokens = float("-inf"), None
+    others = [t for t in range(vocab) if t != EOS_ID]
+    for length in range(limit):                               # tokens before EOS
+        for tokens in itertools.product(others, repeat=length):
+            tgt = torch.tensor([[BOS_ID, *tokens]])
+            with torch.no_grad():
+                log_probs = torch.log_softmax(model(src, src_mask, tgt, target_mask(tgt, -1)), -1)
+            total = sum(log_probs[0, i, t].item() for i, t in enumerate([*tokens, EOS_ID]))
+            score = total / length_penalty(length + 1, alpha)
+            if score > best_score:
+                best_score, best_tokens = score, list(tokens)
+    (best,) = beam_search(model, src, src_mask, beam=vocab ** 2, alpha=alpha, max_len_a=0.0,
+                          max_len_b=limit)[0]
+    assert best.tokens == best_tokens
+    assert best.score == pytest.approx(best_score, abs=1e-5)
+
+
+A, B = 3, 4
+# Hand-written next-token probabilities by prefix, over [PAD, BOS, EOS, a, b].
+SCRIPT = {(): {EOS_ID: 0.1, A: 0.5, B: 0.4},
+          (A,): {EOS_ID: 0.25, A: 0.35, B: 0.4},
+          (B,): {EOS_ID: 0.6, A: 0.2, B: 0.2}}
+
+
+class Scripted:
+    def encode(self, src, src_mask):
+        return SourceMemory(src, src_mask)
+
+    def decode_step(self, prev_tokens, state, memory, need_attention=True):
+        prefix = torch.empty(len(prev_tokens), 0, dtype=torch.long) if state is None else \
+            torch.cat([state.prefix, prev_tokens.unsqueeze(1)], dim=1)
+        log_probs = torch.full((len(prev_tokens), 5), float("-inf"))
+        for row, tokens in enumerate(prefix.tolist()):
+            for token, probability in SCRIPT.get(tuple(tokens), {EOS_ID: 1.0}).items():
+                log_probs[row, token] = math.log(probability)
+        return log_probs, PrefixState(prefix), None
+
+
+def scripted_search(**options):
+    src = torch.tensor([[A, EOS_ID]])
+    return beam_search(Scripted(), src, padding_mask(src, PAD_ID), max_len_a=0.0, max_len_b=10,
+                       **options)[0]
+
+
+def test_scripted_beams_without_length_penalty():
+    # Step 1: a .5, b .4 live (EOS .1 ranks third, outside the beam of 2).
+    # Step 2: b+EOS .24 finishes; ab .2 and aa .175 stay live; .2 < .24, so search stops.
+    (best,) = scripted_search(beam=2, alpha=0.0)
+    assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.24))
+    # With two answers wanted, ab and aa finish at step 3.
+    first, second = scripted_search(beam=2, alpha=0.0, n_best=2)
+    assert (first.tokens, second.tokens) == ([B], [A, B])
+    assert second.score == pytest.approx(math.log(0.2))
+
+
+def test_scripted_beams_with_length_penalty():
+    # alpha 2: b+EOS scores log .24 / (7/6)^2 = -1.0485, ab+EOS log .2 / (8/6)^2 = -0.9053,
+    # aa+EOS log .175 / (8/6)^2 = -0.9803: the longer hypotheses win.
+    first, second = scripted_search(beam=2, alpha=2.0, n_best=2)
+    assert first.tokens == [A, B] and first.score == pytest.approx(math.log(0.2) / (8 / 6) ** 2)
+    assert second.tokens == [A, A] and second.score == pytest.approx(math.log(0.175) / (8 / 6) ** 2)
+
+
+def test_top_candidates_selects_over_beams_and_tokens():
+    cumulative = torch.tensor([[0.0, -1.0]])
+    log_probs = torch.log(torch.tensor([[[0.1, 0.9], [0.6, 0.4]]]))
+    scores, beams, tokens = top_candidates(cumulative, log_probs, 3)   # -0.11, -1.51, -1.92
+    assert beams.tolist() == [[0, 1, 1]] and tokens.tolist() == [[1, 0, 1]]
+    assert scores[0, 0].item() == pytest.approx(math.log(0.9))
+
+
+def test_min_and_max_length():
+    model = make_model("transformer-post")
+    src, src_mask, _, _ = toy_batch()
+    for hypothesis in greedy_search(model, src, src_mask, max_len_a=0.0, max_len_b=3, min_len=2):
+        assert 2 <= len(hypothesis.tokens) <= 3
+    for (hypothesis,) in beam_search(model, src, src_mask, beam=3, max_len_a=0.0, max_len_b=3,
+                                     min_len=2):
+        assert 2 <= len(hypothesis.tokens) <= 2
+
+
+def test_attention_is_returned_per_output_step():
+    model = make_model("bahdanau-additive")
+    src, src_mask, _, _ = toy_batch()
+    (hypothesis,) = beam_search(model, src, src_mask, beam=2, max_len_b=4, need_attention=True)[0]
+    assert hypothesis.attention.shape == (len(hypothesis.tokens) + 1, src.size(1))
+    greedy = greedy_search(model, src, src_mask, max_len_b=4, need_attention=True)[0]
+    assert greedy.attention.shape == (len(greedy.tokens) + 1, src.size(1))
