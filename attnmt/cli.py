@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from attnmt import __version__
 from attnmt.errors import UserError
@@ -24,7 +25,113 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a config value, e.g. --set train.max_steps=1000")
     train.set_defaults(handler=run_train)
+
+    translate = commands.add_parser("translate", help="translate raw text with a trained run",
+                                    description="Translate raw text, one sentence per line, from "
+                                                "-i FILE or standard input.")
+    add_decoding_options(translate)
+    translate.add_argument("-i", "--input", help="input file (default: standard input)")
+    translate.add_argument("-o", "--output", help="output file (default: standard output)")
+    translate.add_argument("--n-best", type=int, default=1,
+                           help="print N hypotheses per input as 'index ||| hypothesis ||| score'")
+    translate.add_argument("--alignment", action="store_true",
+                           help="append hard alignments (source word-target word pairs)")
+    translate.set_defaults(handler=run_translate)
+
+    evaluate = commands.add_parser("evaluate", help="translate a test set and score it",
+                                   description="sacreBLEU BLEU (with signature), chrF and TER.")
+    add_decoding_options(evaluate)
+    evaluate.add_argument("--src", required=True, help="source file (.gz read too)")
+    evaluate.add_argument("--ref", required=True, help="reference file (.gz read too)")
+    evaluate.add_argument("--lowercase", action="store_true",
+                          help="case-insensitive scores, to compare with older lowercased figures")
+    evaluate.add_argument("--by-length", action="store_true",
+                          help="also print BLEU per source-length bucket")
+    evaluate.add_argument("--hyp", help="also write the translations to this file")
+    evaluate.set_defaults(handler=run_evaluate)
     return parser
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run directory made by 'attnmt train'")
+    parser.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the run's decode.beam)")
+    parser.add_argument("--alpha", type=float, help="length penalty exponent (0 = none)")
+    parser.add_argument("--batch-tokens", type=int, help="source tokens per batch")
+    parser.add_argument("--checkpoint", default="best",
+                        help="best (default), last, or a .safetensors file of this run's model")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
+
+
+def load_translator(args):
+    from attnmt.translator import Translator
+
+    if args.beam is not None and args.beam < 1:
+        raise UserError(f"--beam must be at least 1, got {args.beam}")
+    return Translator.from_run(args.run, args.checkpoint, args.precision, args.threads)
+
+
+def run_translate(args) -> int:
+    from attnmt.translator import hard_alignment
+
+    translator = load_translator(args)
+    beam = max(args.beam or translator.config.decode.beam, args.n_best)
+    source = open(args.input, "rb") if args.input else sys.stdin.buffer
+    target = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    with source, target:
+        for first, lines in read_chunks(source, args.input or "standard input"):
+            translations = translator.translate(lines, beam, args.n_best, args.alpha,
+                                                args.batch_tokens, need_attention=args.alignment)
+            for offset, translation in enumerate(translations):
+                for hypothesis in translation.hypotheses[:args.n_best]:
+                    fields = [hypothesis.text]
+                    if args.n_best > 1:
+                        fields = [str(first + offset), hypothesis.text, f"{hypothesis.score:.4f}"]
+                    if args.alignment:
+                        pairs = hard_alignment(translation, hypothesis, translator.source_tokenizer,
+                                               translator.target_tokenizer)
+                        fields.append(" ".join(f"{i}-{j}" for i, j in pairs))
+                    print(" ||| ".join(fields), file=target, flush=False)
+            target.flush()
+    return 0
+
+
+def read_chunks(stream, name: str, size: int = 2000):
+    """``(index of first line, lines)`` chunks of a binary stream of UTF-8 lines, so input
+    may be endless; a line that is not UTF-8 stops with its number."""
+    chunk, first = [], 0
+    for number, raw in enumerate(iter(stream.readline, b"")):
+        try:
+            chunk.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError:
+            raise UserError(f"{name}: line {number + 1} is not valid UTF-8") from None
+        if len(chunk) == size:
+            yield first, chunk
+            chunk, first = [], number + 1
+    if chunk:
+        yield first, chunk
+
+
+def run_evaluate(args) -> int:
+    from attnmt.data.corpus import read_lines
+    from attnmt.evaluate import bleu_by_length, score_corpus
+
+    sources, references = read_lines(args.src), read_lines(args.ref)
+    if len(sources) != len(references):
+        raise UserError(f"line counts differ: {args.src} has {len(sources)} lines, "
+                        f"{args.ref} has {len(references)}")
+    translator = load_translator(args)
+    hypotheses = [t.best.text for t in translator.translate(sources, args.beam, 1, args.alpha,
+                                                            args.batch_tokens)]
+    if args.hyp:
+        Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    print(score_corpus(hypotheses, references, args.lowercase).summary())
+    if args.by_length:
+        print("\nsource words | sentences | BLEU")
+        for bucket, count, bleu in bleu_by_length(hypotheses, references,
+                                                  [len(s.split()) for s in sources]):
+            print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
+    return 0
 
 
 def run_train(args) -> int:
@@ -46,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"attnmt: error: {error}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return 0
     except KeyboardInterrupt:
         print("attnmt: interrupted; the last checkpoint is kept and the same command resumes",
               file=sys.stderr)

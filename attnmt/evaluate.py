@@ -30,3 +30,18 @@ def score_corpus(hypotheses: list[str], references: list[str], lowercase: bool =
     chrf = CHRF(lowercase=lowercase).corpus_score(hypotheses, [references]).score
     ter = TER(case_sensitive=not lowercase).corpus_score(hypotheses, [references]).score
     return Scores(bleu_score.score, chrf, ter, str(bleu.get_signature()))
+
+
+def bleu_by_length(hypotheses: list[str], references: list[str], source_lengths: list[int],
+                   edges: tuple[int, ...] = (10, 20, 30, 40, 50)) -> list[tuple[str, int, float]]:
+    """BLEU per source-length bucket (source words): ``[(bucket, sentences, BLEU), ...]``."""
+    bounds = [0, *edges, None]
+    rows = []
+    for low, high in zip(bounds, bounds[1:]):
+        chosen = [i for i, length in enumerate(source_lengths)
+                  if length >= low and (high is None or length < high)]
+        if chosen:
+            label = f"{low}-{high - 1}" if high is not None else f"{low}+"
+            rows.append((label, len(chosen), corpus_bleu([hypotheses[i] for i in chosen],
+                                                         [references[i] for i in chosen])))
+    return rows

@@ -59,6 +59,10 @@ class SentencePieceTokenizer:
     def id_to_piece(self, index: int) -> str:
         return self.processor.id_to_piece(index)
 
+    def word_ids(self, pieces: list[str]) -> list[int]:
+        """Word number of each piece: a piece starting with '▁' opens a word."""
+        return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
+
 
 class VocabularyTokenizer:
     """Characters (``kind='char'``) or whitespace-separated words (``kind='whitespace'``)."""
@@ -94,6 +98,20 @@ class VocabularyTokenizer:
 
     def id_to_piece(self, index: int) -> str:
         return self.symbols[index]
+
+    def word_ids(self, pieces: list[str]) -> list[int]:
+        """Word number of each piece: every piece is a word, or characters up to a space."""
+        if self.kind == "whitespace":
+            return list(range(len(pieces)))
+        return _number_words([i == 0 or pieces[i - 1] == " " for i in range(len(pieces))])
+
+
+def _number_words(starts: list[bool]) -> list[int]:
+    numbers, current = [], -1
+    for start in starts:
+        current += start
+        numbers.append(current)
+    return numbers
 
 
 Tokenizer = SentencePieceTokenizer | VocabularyTokenizer
