@@ -17,6 +17,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnmt {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    demo = commands.add_parser("demo", help="train on German -> English number words and show "
+                                            "the attention (no download, ~3 minutes)")
+    demo.add_argument("--run", default="runs/demo", help="run directory (default: runs/demo)")
+    demo.set_defaults(handler=run_demo)
+
     train = commands.add_parser("train", help="train a model, or resume its run directory",
                                 description="Train the model a YAML config describes. An existing "
                                             "run directory is resumed exactly.")
@@ -49,6 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also print BLEU per source-length bucket")
     evaluate.add_argument("--hyp", help="also write the translations to this file")
     evaluate.set_defaults(handler=run_evaluate)
+
+    plot = commands.add_parser("plot", help="draw the attention heatmap of one sentence",
+                               description="Translate a sentence and draw its attention: one "
+                                           "matrix for RNNs, a layer x head grid for Transformers.")
+    add_decoding_options(plot)
+    plot.add_argument("sentence", help="the source sentence")
+    plot.add_argument("-o", "--output", default="attention.png", help="PNG file to write")
+    plot.add_argument("--self-attention", action="store_true",
+                      help="also draw encoder and decoder self-attention (Transformer)")
+    plot.set_defaults(handler=run_plot)
     return parser
 
 
@@ -112,6 +127,16 @@ def read_chunks(stream, name: str, size: int = 2000):
         yield first, chunk
 
 
+def run_plot(args) -> int:
+    from attnmt.plot import plot_sentence
+
+    paths = plot_sentence(load_translator(args), args.sentence, args.output, args.beam,
+                          args.self_attention)
+    for path in paths:
+        print(path)
+    return 0
+
+
 def run_evaluate(args) -> int:
     from attnmt.data.corpus import read_lines
     from attnmt.evaluate import bleu_by_length, score_corpus
@@ -131,6 +156,13 @@ def run_evaluate(args) -> int:
         for bucket, count, bleu in bleu_by_length(hypotheses, references,
                                                   [len(s.split()) for s in sources]):
             print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
+    return 0
+
+
+def run_demo(args) -> int:
+    from attnmt.demo import run_demo as demo
+
+    demo(Path(args.run))
     return 0
 
 

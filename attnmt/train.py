@@ -356,7 +356,12 @@ def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, con
 def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> Path:
     """Train (or resume) the run described by a config file; returns the run directory."""
     config = load_config(config_path, overrides)
-    run = RunDirectory(Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
+    return train_config(config, Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
+
+
+def train_config(config: Config, run_dir: Path) -> Path:
+    """Train (or resume) a run of ``config`` in ``run_dir``."""
+    run = RunDirectory(run_dir)
     run.path.mkdir(parents=True, exist_ok=True)
     if run.config.is_file():
         check_same_experiment(load_config(run.config), config, run.config)

@@ -62,3 +62,12 @@ def test_bad_override_and_missing_file(tmp_path):
 def test_invalid_yaml(tmp_path):
     with pytest.raises(UserError, match="is not valid YAML"):
         load_config(write(tmp_path, "model: [unclosed\n"))
+
+
+def test_numbers_preset_is_the_demo_config():
+    from pathlib import Path
+
+    from attnmt.demo import demo_config
+
+    preset = Path(__file__).resolve().parents[1] / "configs" / "numbers_de_en.yaml"
+    assert load_config(preset) == demo_config()

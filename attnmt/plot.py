@@ -1,0 +1,105 @@
+"""Attention heatmaps: source tokens on the x axis, output tokens on the y axis.
+
+RNN models give one matrix; the Transformer gives a grid over layers and heads (with
+the head average as the last column), for cross-attention and, on request, for the
+encoder and decoder self-attention.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import torch  # noqa: E402
+
+from attnmt.data import BOS_ID  # noqa: E402
+from attnmt.data.batching import source_tensor  # noqa: E402
+from attnmt.errors import UserError  # noqa: E402
+from attnmt.masks import target_mask  # noqa: E402
+from attnmt.translator import Translation, Translator  # noqa: E402
+
+EOS_LABEL = "</s>"
+
+
+def draw_matrix(axes, weights: torch.Tensor, columns: list[str], rows: list[str], title: str = ""):
+    """One heatmap: ``weights (len(rows), len(columns))``, values in [0, 1]."""
+    axes.imshow(weights.float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    axes.set_xticks(range(len(columns)), columns, rotation=90, fontsize=8)
+    axes.set_yticks(range(len(rows)), rows, fontsize=8)
+    if title:
+        axes.set_title(title, fontsize=9)
+
+
+def cross_attention_figure(translation: Translation):
+    """The figure for the best hypothesis's attention over the source."""
+    hypothesis = translation.best
+    if hypothesis.attention is None:
+        raise UserError("this model has no attention to draw (decoder: none)")
+    columns = translation.source_tokens + [EOS_LABEL]
+    rows = hypothesis.tokens + [EOS_LABEL]
+    attention = hypothesis.attention                          # (T, S) or (T, layers, heads, S)
+    if attention.dim() == 2:
+        figure, axes = plt.subplots(figsize=(2.0 + 0.45 * len(columns), 2.0 + 0.4 * len(rows)),
+                                    layout="constrained")
+        draw_matrix(axes, attention, columns, rows, "attention")
+        return figure
+    return _grid(attention.permute(1, 2, 0, 3), columns, rows, "cross-attention")
+
+
+def _grid(weights: torch.Tensor, columns: list[str], rows: list[str], name: str):
+    """``weights (layers, heads, rows, columns)`` -> a grid with the head average last."""
+    layers, heads = weights.shape[:2]
+    size = (2.0 + 0.3 * len(columns), 2.0 + 0.3 * len(rows))
+    figure, grid = plt.subplots(layers, heads + 1, squeeze=False, layout="constrained",
+                                figsize=(size[0] * (heads + 1), size[1] * layers))
+    for layer in range(layers):
+        for head in range(heads + 1):
+            matrix = weights[layer, head] if head < heads else weights[layer].mean(dim=0)
+            label = f"head {head + 1}" if head < heads else "average"
+            draw_matrix(grid[layer][head], matrix, columns, rows, f"{name} layer {layer + 1}, {label}")
+    return figure
+
+
+@torch.inference_mode()
+def self_attention_figures(translator: Translator, translation: Translation):
+    """Encoder and decoder self-attention of a Transformer, by a teacher-forced pass."""
+    model = translator.model
+    if translator.config.model.arch != "transformer":
+        raise UserError("self-attention exists only in Transformer models")
+    src, src_mask = source_tensor([translator.source_tokenizer.encode(translation.source)])
+    states, encoder_weights = model.encoder(src, src_mask, need_weights=True)
+    tgt_in = torch.tensor([[BOS_ID, *translation.best.ids]])
+    memory = model.decoder.init_memory(states, src_mask)
+    _, decoder_weights = model.decoder(tgt_in, target_mask(tgt_in, -1), memory, need_weights=True)
+    source = translation.source_tokens + [EOS_LABEL]
+    target = ["<s>"] + translation.best.tokens
+    encoder = _grid(torch.stack([w[0] for w in encoder_weights]), source, source,
+                    "encoder self-attention")
+    decoder = _grid(torch.stack([w[0][0] for w in decoder_weights]), target, target,
+                    "decoder self-attention")
+    return encoder, decoder
+
+
+def save(figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_sentence(translator: Translator, text: str, output: str | Path, beam: int | None = None,
+                  self_attention: bool = False) -> list[Path]:
+    """Translate ``text`` and write its heatmap(s); returns the PNG paths."""
+    if not text.strip():
+        raise UserError("nothing to plot: the sentence is empty")
+    translation = translator.translate([text], beam=beam, need_attention=True)[0]
+    paths = [save(cross_attention_figure(translation), output)]
+    if self_attention:
+        encoder, decoder = self_attention_figures(translator, translation)
+        stem = Path(output).with_suffix("")
+        paths += [save(encoder, f"{stem}.encoder.png"), save(decoder, f"{stem}.decoder.png")]
+    return paths
