@@ -64,6 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--self-attention", action="store_true",
                       help="also draw encoder and decoder self-attention (Transformer)")
     plot.set_defaults(handler=run_plot)
+
+    serve = commands.add_parser("serve", help="HTTP API and a web page showing attention",
+                                description="Serve POST /translate, GET /health, GET /info and "
+                                            "the attention viewer at GET /.")
+    serve.add_argument("run", help="run directory made by 'attnmt train'")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-chars", type=int, default=1000, help="characters per text")
+    serve.add_argument("--max-texts", type=int, default=32, help="texts per request")
+    serve.add_argument("--max-beam", type=int, default=10)
+    serve.add_argument("--max-n-best", type=int, default=10)
+    serve.add_argument("--no-micro-batch", action="store_true",
+                       help="decode each request alone instead of batching concurrent ones")
+    serve.add_argument("--batch-wait-ms", type=float, default=5.0,
+                       help="how long a micro-batch waits for more requests")
+    serve.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
+    serve.set_defaults(handler=run_serve)
     return parser
 
 
@@ -134,6 +151,16 @@ def run_plot(args) -> int:
                           args.self_attention)
     for path in paths:
         print(path)
+    return 0
+
+
+def run_serve(args) -> int:
+    from attnmt.serve import Limits, serve
+
+    limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best)
+    print(f"serving {args.run} on http://{args.host}:{args.port}/", file=sys.stderr)
+    serve(args.run, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
+          args.threads)
     return 0
 
 

@@ -15,10 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import torch  # noqa: E402
 
-from attnmt.data import BOS_ID  # noqa: E402
-from attnmt.data.batching import source_tensor  # noqa: E402
 from attnmt.errors import UserError  # noqa: E402
-from attnmt.masks import target_mask  # noqa: E402
 from attnmt.translator import Translation, Translator  # noqa: E402
 
 EOS_LABEL = "</s>"
@@ -63,24 +60,13 @@ def _grid(weights: torch.Tensor, columns: list[str], rows: list[str], name: str)
     return figure
 
 
-@torch.inference_mode()
 def self_attention_figures(translator: Translator, translation: Translation):
-    """Encoder and decoder self-attention of a Transformer, by a teacher-forced pass."""
-    model = translator.model
-    if translator.config.model.arch != "transformer":
-        raise UserError("self-attention exists only in Transformer models")
-    src, src_mask = source_tensor([translator.source_tokenizer.encode(translation.source)])
-    states, encoder_weights = model.encoder(src, src_mask, need_weights=True)
-    tgt_in = torch.tensor([[BOS_ID, *translation.best.ids]])
-    memory = model.decoder.init_memory(states, src_mask)
-    _, decoder_weights = model.decoder(tgt_in, target_mask(tgt_in, -1), memory, need_weights=True)
+    """Encoder and decoder self-attention grids of a Transformer translation."""
+    encoder_weights, decoder_weights = translator.self_attention(translation)
     source = translation.source_tokens + [EOS_LABEL]
     target = ["<s>"] + translation.best.tokens
-    encoder = _grid(torch.stack([w[0] for w in encoder_weights]), source, source,
-                    "encoder self-attention")
-    decoder = _grid(torch.stack([w[0][0] for w in decoder_weights]), target, target,
-                    "decoder self-attention")
-    return encoder, decoder
+    return (_grid(encoder_weights, source, source, "encoder self-attention"),
+            _grid(decoder_weights, target, target, "decoder self-attention"))
 
 
 def save(figure, path: str | Path) -> Path:

@@ -144,6 +144,7 @@ class Trainer:
                                          betas=self.train_config.betas, eps=1e-9,
                                          weight_decay=self.train_config.weight_decay)
         self.progress = Progress()
+        self.tensorboard = _tensorboard_writer(run.path / "tensorboard")
 
     # --- checkpoints -----------------------------------------------------------------------
 
@@ -187,12 +188,18 @@ class Trainer:
             writer.writerows(rows)
 
     def log(self, row: dict) -> None:
+        """One row of ``log.csv`` (and TensorBoard scalars when it is installed)."""
         new = not self.run.log.is_file()
         with open(self.run.log, "a", newline="") as handle:
             writer = csv.DictWriter(handle, LOG_COLUMNS)
             if new:
                 writer.writeheader()
             writer.writerow({key: row.get(key, "") for key in LOG_COLUMNS})
+        if self.tensorboard is not None:
+            for key in LOG_COLUMNS[2:]:
+                if row.get(key, "") != "":
+                    self.tensorboard.add_scalar(key, float(row[key]), row["step"])
+            self.tensorboard.flush()
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -336,6 +343,15 @@ class Trainer:
                    f"{'  (best)' if improved else ''}  [{self.progress.elapsed / 60:.1f} min]")
         return {"valid_loss": f"{valid_loss:.6f}", "valid_ppl": f"{math.exp(min(valid_loss, 50)):.4f}",
                 "valid_bleu": f"{bleu:.4f}"}
+
+
+def _tensorboard_writer(folder: Path):
+    """A TensorBoard writer when the optional ``tensorboard`` package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(folder))
 
 
 def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, config: Config,

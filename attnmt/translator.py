@@ -18,9 +18,11 @@ import torch
 
 from attnmt.checkpoint import load_weights
 from attnmt.config import Config, load_config
+from attnmt.data import BOS_ID, PAD_ID
 from attnmt.data.batching import source_batches, source_tensor
 from attnmt.data.tokenizers import load_tokenizers
 from attnmt.errors import UserError
+from attnmt.masks import target_mask
 from attnmt.model import Seq2Seq, build_model
 from attnmt.search import Hypothesis, beam_search, greedy_search
 
@@ -125,6 +127,22 @@ class Translator:
         return [Translation(text, self.source_tokenizer.pieces(text) if sources[i] else [],
                             [self._describe(h) for h in results[i]])
                 for i, text in enumerate(texts)]
+
+    @torch.inference_mode()
+    def self_attention(self, translation: Translation) -> tuple[torch.Tensor, torch.Tensor]:
+        """Transformer self-attention of a translation's best hypothesis, by a teacher-forced pass:
+        encoder ``(layers, heads, S+1, S+1)`` and decoder ``(layers, heads, T+1, T+1)``
+        (source EOS and target BOS included)."""
+        if self.config.model.arch != "transformer":
+            raise UserError("self-attention exists only in Transformer models")
+        src, src_mask = source_tensor([self.source_tokenizer.encode(translation.source)])
+        states, encoder_weights = self.model.encoder(src, src_mask, need_weights=True)
+        tgt_in = torch.tensor([[BOS_ID, *translation.best.ids]])
+        memory = self.model.decoder.init_memory(states, src_mask)
+        _, decoder_weights = self.model.decoder(tgt_in, target_mask(tgt_in, PAD_ID), memory,
+                                                need_weights=True)
+        return (torch.stack([weights[0] for weights in encoder_weights]),
+                torch.stack([self_weights[0] for self_weights, _ in decoder_weights]))
 
     def _describe(self, hypothesis: Hypothesis) -> TranslatedHypothesis:
         tokenizer = self.target_tokenizer

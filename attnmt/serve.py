@@ -1,0 +1,253 @@
+"""``attnmt serve RUN``: an HTTP API and a web page that shows what the model attends to.
+
+* ``POST /translate`` ``{"text": ...}`` or ``{"texts": [...]}`` with optional ``beam``,
+  ``n_best``, ``alpha``, ``attention`` and ``self_attention``;
+* ``GET /health``, ``GET /info``;
+* ``GET /``: the attention viewer (one HTML page, no outside assets).
+
+Requests are micro-batched: a queue collects the texts of concurrent requests for a
+few milliseconds and decodes them together in one worker thread, off the event loop,
+so ``/health`` answers while the model works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from attnmt.errors import UserError
+from attnmt.translator import Translation, Translator
+
+logger = logging.getLogger("attnmt.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_chars: int = 1000          # per text
+    max_texts: int = 32            # per request
+    max_beam: int = 10
+    max_n_best: int = 10
+
+
+class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    texts: list[str] | None = None
+    beam: int | None = None
+    n_best: int = 1
+    alpha: float | None = None
+    attention: bool = False
+    self_attention: bool = False
+
+
+class LimitError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def check_request(request: TranslateRequest, limits: Limits, default_beam: int) -> list[str]:
+    """The texts of a request, or a :class:`LimitError` naming the limit it breaks."""
+    if (request.text is None) == (request.texts is None):
+        raise LimitError(422, "give exactly one of 'text' or 'texts'")
+    texts = [request.text] if request.text is not None else request.texts
+    if len(texts) > limits.max_texts:
+        raise LimitError(413, f"too many texts: {len(texts)} > max_texts {limits.max_texts}")
+    for number, text in enumerate(texts, start=1):
+        if len(text) > limits.max_chars:
+            raise LimitError(413, f"text {number} has {len(text)} characters > max_chars "
+                                  f"{limits.max_chars}")
+    beam = default_beam if request.beam is None else request.beam
+    if not 1 <= beam <= limits.max_beam:
+        raise LimitError(422, f"beam must be between 1 and max_beam {limits.max_beam}, got {beam}")
+    if not 1 <= request.n_best <= min(beam, limits.max_n_best):
+        raise LimitError(422, f"n_best must be between 1 and min(beam, max_n_best "
+                              f"{limits.max_n_best}) = {min(beam, limits.max_n_best)}, "
+                              f"got {request.n_best}")
+    return texts
+
+
+@dataclass(frozen=True)
+class Options:
+    """Decoding options; requests with equal options share a batch."""
+    beam: int
+    n_best: int
+    alpha: float | None
+    attention: bool
+
+
+@dataclass
+class _Pending:
+    texts: list[str]
+    options: Options
+    future: asyncio.Future
+
+
+class MicroBatcher:
+    """Collects concurrent requests for ``wait_ms`` and translates them as one batch."""
+
+    def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
+                 wait_ms: float, max_texts: int):
+        self.translator, self.executor = translator, executor
+        self.wait, self.max_texts = wait_ms / 1000, max_texts
+        self.queue: asyncio.Queue[_Pending] | None = None
+        self.worker: asyncio.Task | None = None
+
+    async def translate(self, texts: list[str], options: Options) -> list[Translation]:
+        if self.queue is None:
+            self.queue = asyncio.Queue()
+            self.worker = asyncio.create_task(self._work())
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Pending(texts, options, future))
+        return await future
+
+    async def _work(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            deadline = asyncio.get_running_loop().time() + self.wait
+            while sum(len(p.texts) for p in batch) < self.max_texts:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+            for options in dict.fromkeys(p.options for p in batch):
+                await self._run([p for p in batch if p.options == options], options)
+
+    async def _run(self, pending: list[_Pending], options: Options) -> None:
+        texts = [text for p in pending for text in p.texts]
+        try:
+            results = await run_translation(self.translator, self.executor, texts, options)
+        except Exception as error:  # every caller gets the error, the worker goes on
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(error)
+            return
+        start = 0
+        for p in pending:
+            if not p.future.done():
+                p.future.set_result(results[start:start + len(p.texts)])
+            start += len(p.texts)
+
+
+async def run_translation(translator: Translator, executor, texts: list[str], options: Options):
+    return await asyncio.get_running_loop().run_in_executor(
+        executor, lambda: translator.translate(texts, options.beam, options.n_best, options.alpha,
+                                               need_attention=options.attention))
+
+
+def nested_lists(weights) -> list:
+    """``(layers, heads, rows, columns)`` tensor -> nested lists rounded to 4 decimals."""
+    return [[[[round(float(x), 4) for x in row] for row in head] for head in layer]
+            for layer in weights]
+
+
+def attention_grid(weights) -> list:
+    """Cross-attention as ``[layer][head][target][source]``: RNN ``(T, S)`` is one layer, one
+    head; Transformer ``(T, layers, heads, S)``."""
+    weights = weights[None, None] if weights.dim() == 2 else weights.permute(1, 2, 0, 3)
+    return nested_lists(weights)
+
+
+def describe(translation: Translation, attention: bool, self_attention=None) -> dict:
+    result = {"source": translation.source, "source_tokens": translation.source_tokens,
+              "translation": translation.best.text,
+              "hypotheses": [{"text": h.text, "score": round(h.score, 4), "tokens": h.tokens}
+                             for h in translation.hypotheses]}
+    if attention:
+        for hypothesis, described in zip(translation.hypotheses, result["hypotheses"]):
+            described["attention"] = None if hypothesis.attention is None else \
+                attention_grid(hypothesis.attention)
+    if self_attention is not None:
+        result["encoder_self_attention"] = nested_lists(self_attention[0])
+        result["decoder_self_attention"] = nested_lists(self_attention[1])
+    return result
+
+
+def model_info(translator: Translator) -> dict:
+    config = translator.config
+    return {"arch": config.model.arch,
+            "decoder": config.model.decoder if config.model.arch == "rnn" else "transformer",
+            "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
+            "parameters": translator.model.num_parameters(),
+            "layers": config.model.decoder_layers,
+            "heads": config.model.heads if config.model.arch == "transformer" else 1,
+            "has_attention": config.model.arch == "transformer" or config.model.decoder != "none",
+            "config": config.to_dict()}
+
+
+def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: bool = True,
+               wait_ms: float = 5.0) -> FastAPI:
+    app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer")
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)      # one model, one worker
+    batcher = MicroBatcher(translator, executor, wait_ms, limits.max_texts) if micro_batch else None
+    default_beam = min(translator.config.decode.beam, limits.max_beam)
+    info = model_info(translator)
+    page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                             for e in error.errors())
+        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return page
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def get_info():
+        return info
+
+    @app.post("/translate")
+    async def translate(request: TranslateRequest):
+        try:
+            texts = check_request(request, limits, default_beam)
+            if request.self_attention and info["arch"] != "transformer":
+                raise LimitError(422, "self_attention exists only in Transformer models")
+            options = Options(request.beam or default_beam, request.n_best, request.alpha,
+                              request.attention or request.self_attention)
+            if batcher is not None:
+                translations = await batcher.translate(texts, options)
+            else:
+                translations = await run_translation(translator, executor, texts, options)
+            described = []
+            for translation in translations:
+                self_attention = None
+                if request.self_attention and translation.best.ids:
+                    self_attention = await asyncio.get_running_loop().run_in_executor(
+                        executor, translator.self_attention, translation)
+                described.append(describe(translation, request.attention or request.self_attention,
+                                          self_attention))
+        except LimitError as error:
+            return JSONResponse({"error": error.message}, status_code=error.status)
+        except UserError as error:
+            return JSONResponse({"error": str(error)}, status_code=413)
+        except Exception:
+            logger.exception("translation failed")
+            return JSONResponse({"error": "internal error while translating"}, status_code=500)
+        return {"translations": described}
+
+    return app
+
+
+def serve(run: str, host: str, port: int, limits: Limits, micro_batch: bool, wait_ms: float,
+          threads: int = 0) -> None:
+    import uvicorn
+
+    app = create_app(Translator.from_run(run, threads=threads), limits, micro_batch, wait_ms)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

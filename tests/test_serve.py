@@ -1,0 +1,200 @@
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from attnmt.serve import Limits, create_app
+from attnmt.train import train
+from attnmt.translator import Translator
+
+from test_train import TINY
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve")
+    config = folder / "tiny.yaml"
+    config.write_text(TINY)
+    short = ["train.max_steps=60", "train.validate_every=60"]
+    rnn = ["model.arch=rnn", "model.embed_dim=16", "model.hidden_dim=16", "model.attention_dim=16"]
+    return {"transformer": train(config, folder / "transformer", short),
+            "rnn": train(config, folder / "rnn", short + rnn)}
+
+
+@pytest.fixture(scope="module")
+def client(runs):
+    app = create_app(Translator.from_run(runs["transformer"], threads=1),
+                     Limits(max_chars=50, max_texts=3, max_beam=4, max_n_best=3))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_health_and_info(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/info").json()
+    assert info["arch"] == "transformer" and info["src_lang"] == "de" and info["parameters"] > 0
+    assert info["config"]["model"]["d_model"] == 32
+
+
+def test_page_is_served_with_its_assets_inline(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "attention viewer" in page.text
+    assert "src=\"http" not in page.text and "href=\"http" not in page.text
+
+
+def test_translate_one_and_many(client):
+    one = client.post("/translate", json={"text": "sieben", "beam": 2, "n_best": 2}).json()
+    (translation,) = one["translations"]
+    assert translation["source"] == "sieben" and len(translation["hypotheses"]) == 2
+    assert translation["translation"] == translation["hypotheses"][0]["text"]
+    assert "attention" not in translation["hypotheses"][0]
+    many = client.post("/translate", json={"texts": ["sieben", "", "acht"]}).json()
+    assert [t["source"] for t in many["translations"]] == ["sieben", "", "acht"]
+    assert many["translations"][1]["translation"] == ""
+
+
+def test_attention_per_layer_and_head(client):
+    data = client.post("/translate", json={"text": "dreihundertzwölf", "beam": 2, "attention": True,
+                                           "self_attention": True}).json()["translations"][0]
+    hypothesis = data["hypotheses"][0]
+    layers, heads = len(hypothesis["attention"]), len(hypothesis["attention"][0])
+    assert (layers, heads) == (1, 2)
+    rows = hypothesis["attention"][0][0]
+    assert len(rows) == len(hypothesis["tokens"]) + 1
+    assert all(len(row) == len(data["source_tokens"]) + 1 for row in rows)
+    assert all(abs(sum(row) - 1) < 1e-2 for row in rows)
+    encoder = data["encoder_self_attention"][0][0]
+    assert len(encoder) == len(encoder[0]) == len(data["source_tokens"]) + 1
+
+
+def test_rnn_attention_is_one_layer_one_head(runs):
+    with TestClient(create_app(Translator.from_run(runs["rnn"], threads=1))) as client:
+        data = client.post("/translate", json={"text": "sieben", "attention": True}).json()
+        hypothesis = data["translations"][0]["hypotheses"][0]
+        assert len(hypothesis["attention"]) == 1 and len(hypothesis["attention"][0]) == 1
+        refused = client.post("/translate", json={"text": "sieben", "self_attention": True})
+        assert refused.status_code == 422 and "only in Transformer" in refused.json()["error"]
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"text": "x" * 51}, 413, "text 1 has 51 characters > max_chars 50"),
+    ({"texts": ["a", "b", "c", "d"]}, 413, "too many texts: 4 > max_texts 3"),
+    ({"text": "sieben", "beam": 5}, 422, "beam must be between 1 and max_beam 4, got 5"),
+    ({"text": "sieben", "beam": 2, "n_best": 3}, 422, "n_best must be between 1 and"),
+    ({"text": "a", "texts": ["b"]}, 422, "give exactly one of 'text' or 'texts'"),
+    ({}, 422, "give exactly one of 'text' or 'texts'"),
+    ({"text": 5}, 422, "invalid request: body.text"),
+    ({"text": "a", "colour": "red"}, 422, "invalid request: body.colour"),
+])
+def test_limits_and_bad_requests(client, body, status, message):
+    response = client.post("/translate", json=body)
+    assert response.status_code == status
+    assert message in response.json()["error"]
+
+
+def test_malformed_json_is_422_and_the_server_goes_on(client):
+    response = client.post("/translate", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    assert client.get("/health").status_code == 200
+
+
+def test_over_long_input_in_tokens_is_a_clear_error(runs):
+    app = create_app(Translator.from_run(runs["transformer"], threads=1), Limits(max_chars=100_000))
+    with TestClient(app) as client:
+        response = client.post("/translate", json={"text": "sieben " * 1100})
+    assert response.status_code == 413 and "this model accepts at most" in response.json()["error"]
+
+
+def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(runs):
+    app = create_app(Translator.from_run(runs["transformer"], threads=1), wait_ms=50)
+    words = ["sieben", "acht", "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn"]
+
+    async def run_all():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            alone = {w: (await client.post("/translate", json={"text": w, "beam": 2})).json()
+                     for w in words}
+            together = await asyncio.gather(*(client.post("/translate", json={"text": w, "beam": 2})
+                                              for w in words))
+            return alone, [r.json() for r in together]
+
+    alone, together = asyncio.run(run_all())
+    for word, response in zip(words, together):
+        assert response["translations"][0]["source"] == word
+        assert response == alone[word]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+def test_page_in_a_real_browser(runs, tmp_path):
+    if not (CHROMIUM and CHROMEDRIVER):
+        message = "browser test needs Debian's chromium and chromium-driver (apt-get install ...)"
+        if os.environ.get("CI"):                 # CI installs them: missing there is a failure
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", str(runs["transformer"]),
+                               "--port", str(port), "--threads", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
+                 "--window-size=1200,900"):
+        options.add_argument(flag)
+    driver = None
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, server.stderr.read()
+                time.sleep(0.2)
+        driver = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
+        driver.get(f"http://127.0.0.1:{port}/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda d: "parameters" in d.find_element(By.ID, "info").text)
+        driver.find_element(By.ID, "source").send_keys("dreihundertzwölf")
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: d.find_element(By.ID, "translation").text.strip())
+        assert driver.find_elements(By.CSS_SELECTOR, "#nbest li")
+        sources = driver.find_elements(By.CSS_SELECTOR, ".src-token")
+        targets = driver.find_elements(By.CSS_SELECTOR, ".tgt-token")
+        assert sources and targets
+        before = [s.get_attribute("style") for s in sources]
+        ActionChains(driver).move_to_element(targets[0]).perform()
+        wait.until(lambda d: [s.get_attribute("style") for s in sources] != before)
+        weights = [float(s.get_attribute("data-weight")) for s in sources]
+        assert abs(sum(weights) - 1) < 0.05                   # one output token's attention
+        ActionChains(driver).move_to_element(sources[0]).perform()
+        wait.until(lambda d: all(t.get_attribute("data-weight") for t in targets))
+        assert driver.save_screenshot(str(tmp_path / "page.png"))
+        assert (tmp_path / "page.png").stat().st_size > 1000
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.terminate()
+        server.wait(timeout=10)
