@@ -1,0 +1,113 @@
+"""Load test of `attnmt serve`: N requests from C concurrent clients on loopback.
+
+    python benchmarks/serve_load.py RUN [--requests 1000] [--clients 50] [--beam 5]
+
+Starts the server twice (micro-batching on, then off) in a subprocess, sends one
+sentence of Multi30k test_2016_flickr per request (cycling), and prints the number of
+failed or lost requests, throughput and p50/p99 latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def load(url: str, texts: list[str], requests: int, clients: int, beam: int) -> dict:
+    latencies, failures = [], 0
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(requests):
+        queue.put_nowait(index)
+
+    async def client(session: httpx.AsyncClient):
+        nonlocal failures
+        while not queue.empty():
+            index = queue.get_nowait()
+            text = texts[index % len(texts)]
+            start = time.perf_counter()
+            try:
+                response = await session.post(f"{url}/translate", json={"text": text, "beam": beam})
+                ok = response.status_code == 200 and \
+                    response.json()["translations"][0]["source"] == text
+            except httpx.HTTPError:
+                ok = False
+            latencies.append(time.perf_counter() - start)
+            failures += not ok
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        seconds = time.perf_counter() - start
+    latencies.sort()
+    return {"answered": len(latencies), "failed": failures, "seconds": seconds,
+            "p50": latencies[len(latencies) // 2], "p99": latencies[int(len(latencies) * 0.99) - 1]}
+
+
+def wait_until_up(url: str, server: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError("the server exited")
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run")
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    args = parser.parse_args()
+    from attnmt.config import load_config
+    from attnmt.data.corpus import find_language_file, read_lines
+
+    config = load_config(Path(args.run) / "config.yaml")
+    texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr", config.data.src_lang))
+    print(f"{args.requests} requests, {args.clients} concurrent clients, beam {args.beam}, "
+          f"{args.threads} threads, loopback\n")
+    print("| micro-batching | answered | failed | seconds | requests/s | p50 s | p99 s |")
+    print("|---|---|---|---|---|---|---|")
+    for micro_batch in (True, False):
+        port = free_port()
+        command = [sys.executable, "-m", "attnmt", "serve", args.run, "--port", str(port),
+                   "--threads", str(args.threads), "--max-texts", "64"]
+        if not micro_batch:
+            command.append("--no-micro-batch")
+        server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until_up(url, server)
+            result = asyncio.run(load(url, texts, args.requests, args.clients, args.beam))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        print(f"| {'on' if micro_batch else 'off'} | {result['answered']} | {result['failed']} | "
+              f"{result['seconds']:.1f} | {result['answered'] / result['seconds']:.1f} | "
+              f"{result['p50']:.2f} | {result['p99']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
