@@ -128,7 +128,7 @@ class TrainConfig:
     patience: int = 0                 # validations without improvement; 0 = never stop early
     keep_checkpoints: int = 3
     average_checkpoints: int = 0      # > 1: best.safetensors averages the last n validations
-    precision: str = "auto"           # auto | fp32 | bf16
+    precision: str = "auto"           # auto | fp32 | bf16 | fp16 (CUDA)
     device: str = "auto"              # auto | cpu | cuda
     threads: int = 0                  # torch threads; 0 = all cores
     compile: bool = False
@@ -137,7 +137,7 @@ class TrainConfig:
         _choice("train", "optimizer", self.optimizer, ("adam", "adamw"))
         _choice("train", "schedule", self.schedule, ("noam", "constant", "plateau"))
         _choice("train", "early_stop_metric", self.early_stop_metric, ("bleu", "loss"))
-        _choice("train", "precision", self.precision, ("auto", "fp32", "bf16"))
+        _choice("train", "precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
         _choice("train", "device", self.device, ("auto", "cpu", "cuda"))
         _require(self.lr > 0, f"train.lr must be positive, got {self.lr}")
         _require(0.0 <= self.label_smoothing < 1.0,

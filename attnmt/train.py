@@ -20,12 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from attnmt.checkpoint import (average_into, load_state, load_weights, save_state,
                                save_weights)
 from attnmt.config import Config, TrainConfig, load_config, save_config
 from attnmt.data import PAD_ID
+from attnmt.distributed import (Cluster, all_reduce_sum, barrier, broadcast_object, gather_objects,
+                                init_cluster, shard_batches, shutdown)
 from attnmt.data.batching import source_batches, source_tensor, token_batches
 from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
 from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
@@ -70,6 +74,7 @@ class Progress:
     plateau_scale: float = 1.0
     checkpoints: list[str] = field(default_factory=list)
     finished: bool = False               # stopped early: no improvement for `patience` validations
+    world: int = 1                       # processes that trained the run (resume needs as many)
 
 
 class RunDirectory:
@@ -87,16 +92,26 @@ class RunDirectory:
 
 
 def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype: bf16 where the hardware runs it natively, else None (fp32)."""
+    """The autocast dtype, or None for float32.
+
+    ``auto``: bf16 where the hardware runs it natively (AVX-512 BF16 or AMX CPUs, Ampere+
+    GPUs), fp16 (with gradient scaling) on older GPUs, float32 on other CPUs.
+    """
     if precision == "fp32":
         return None
     if device.type == "cuda":
-        supported = torch.cuda.is_bf16_supported()
+        bf16 = torch.cuda.is_bf16_supported()
     else:
-        supported = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    if precision == "bf16" and not supported:
+        bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise UserError("train.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        return torch.float16
+    if precision == "bf16" and not bf16:
         raise UserError(f"train.precision: bf16 is not supported on this {device.type}; use fp32")
-    return torch.bfloat16 if supported else None
+    if bf16:
+        return torch.bfloat16
+    return torch.float16 if device.type == "cuda" else None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -107,21 +122,34 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def prepare_data(config: Config, run: RunDirectory):
-    """Tokenizers (trained once, then loaded from the run directory) and tokenized splits."""
+def prepare_data(config: Config, run: RunDirectory, cluster: Cluster):
+    """Tokenizers (trained once by rank 0, then loaded from the run directory) and splits."""
     train_corpus = load_split(config.data, "train")
-    if (run.path / TOKENIZER_FILE).is_file():
-        source_tokenizer, target_tokenizer = load_tokenizers(run.path)
-    else:
-        source_tokenizer, target_tokenizer = train_tokenizers(config.data, train_corpus.source,
-                                                              train_corpus.target)
-        save_tokenizers(run.path, source_tokenizer, target_tokenizer)
+    if cluster.is_main and not (run.path / TOKENIZER_FILE).is_file():
+        save_tokenizers(run.path, *train_tokenizers(config.data, train_corpus.source,
+                                                    train_corpus.target))
+    barrier(cluster)
+    source_tokenizer, target_tokenizer = load_tokenizers(run.path)
     train_split, report = tokenize_split(train_corpus, source_tokenizer, target_tokenizer,
                                          config.data.max_len)
-    say(report)
+    if cluster.is_main:
+        say(report)
     valid_split, _ = tokenize_split(load_split(config.data, "valid"), source_tokenizer,
                                     target_tokenizer)
     return (source_tokenizer, target_tokenizer), train_split, valid_split
+
+
+class TrainingLoss(nn.Module):
+    """The summed training loss of a batch as a module, so DistributedDataParallel can wrap it."""
+
+    def __init__(self, model: Seq2Seq):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src, src_mask, tgt_in, tgt_mask, tgt_out, label_smoothing: float):
+        hidden = self.model.features(src, src_mask, tgt_in, tgt_mask)
+        return projected_cross_entropy(hidden.flatten(0, 1), self.model.generator, tgt_out.flatten(),
+                                       label_smoothing, PAD_ID)
 
 
 class Trainer:
@@ -133,22 +161,38 @@ class Trainer:
         # when oneDNN creates its first primitive, so it must be set before that.
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
         torch.set_num_threads(self.train_config.threads or os.cpu_count() or 1)
-        torch.manual_seed(self.train_config.seed)
-        self.device = resolve_device(self.train_config.device)
+        device = resolve_device(self.train_config.device)
+        self.cluster = init_cluster(device.type)
+        self.device = torch.device("cuda", self.cluster.local_rank) if device.type == "cuda" else device
         self.autocast_dtype = resolve_precision(self.train_config.precision, self.device)
-        self.tokenizers, self.train_split, self.valid_split = prepare_data(config, run)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.manual_seed(self.train_config.seed)          # the same initial weights everywhere
+        self.tokenizers, self.train_split, self.valid_split = prepare_data(config, run, self.cluster)
         self.model = build_model(config.model, self.tokenizers[0].vocab_size,
                                  self.tokenizers[1].vocab_size).to(self.device)
+        if self.cluster.rank:                             # different dropout on every rank
+            torch.manual_seed(self.train_config.seed + 7919 * self.cluster.rank)
+        self.loss_module = TrainingLoss(self.model)
+        if self.cluster.active:
+            self.loss_module = DistributedDataParallel(self.loss_module)
+        if self.train_config.compile:
+            self.loss_module = torch.compile(self.loss_module, dynamic=True)
         optimizer_class = torch.optim.AdamW if self.train_config.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optimizer_class(self.model.parameters(), lr=self.train_config.lr,
                                          betas=self.train_config.betas, eps=1e-9,
                                          weight_decay=self.train_config.weight_decay)
-        self.progress = Progress()
-        self.tensorboard = _tensorboard_writer(run.path / "tensorboard")
+        self.progress = Progress(world=self.cluster.world)
+        self.tensorboard = _tensorboard_writer(run.path / "tensorboard") if self.cluster.is_main else None
 
     # --- checkpoints -----------------------------------------------------------------------
 
     def save_checkpoint(self, improved: bool) -> None:
+        """Called on every rank (the RNG states are gathered); rank 0 writes."""
+        rng_states = gather_objects(torch.get_rng_state(), self.cluster)
+        if not self.cluster.is_main:
+            return
         self.run.checkpoints.mkdir(exist_ok=True)
         name = f"step_{self.progress.step}.safetensors"
         metadata = {"step": str(self.progress.step), "format": "attnmt"}
@@ -160,7 +204,7 @@ class Trainer:
         removed = self.progress.checkpoints[:-self.train_config.keep_checkpoints]
         self.progress.checkpoints = self.progress.checkpoints[-self.train_config.keep_checkpoints:]
         save_state({"progress": asdict(self.progress), "optimizer": self.optimizer.state_dict(),
-                    "torch_rng": torch.get_rng_state()}, self.run.state)
+                    "scaler": self.scaler.state_dict(), "torch_rng": rng_states}, self.run.state)
         save_weights(self.model, self.run.last, metadata)
         for old in removed:
             (self.run.checkpoints / old).unlink(missing_ok=True)
@@ -170,11 +214,17 @@ class Trainer:
         try:
             self.progress = Progress(**state["progress"])
             self.optimizer.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["torch_rng"])
+            self.scaler.load_state_dict(state["scaler"])
+            rng_states = state["torch_rng"]
         except (KeyError, TypeError, ValueError) as error:
             raise UserError(f"{self.run.state} is not a valid attnmt trainer state ({error})") from None
+        if self.progress.world != self.cluster.world:
+            raise UserError(f"{self.run.path} was trained by {self.progress.world} process(es); "
+                            f"resume it with the same number, not {self.cluster.world}")
+        torch.set_rng_state(rng_states[self.cluster.rank])
         load_weights(self.model, self.run.checkpoints / self.progress.checkpoints[-1])
-        self._truncate_log(self.progress.step)
+        if self.cluster.is_main:
+            self._truncate_log(self.progress.step)
 
     def _truncate_log(self, step: int) -> None:
         """Drop log rows written after the checkpoint we resume from (they will be redone)."""
@@ -188,7 +238,9 @@ class Trainer:
             writer.writerows(rows)
 
     def log(self, row: dict) -> None:
-        """One row of ``log.csv`` (and TensorBoard scalars when it is installed)."""
+        """One row of ``log.csv`` (and TensorBoard scalars when it is installed); rank 0 only."""
+        if not self.cluster.is_main:
+            return
         new = not self.run.log.is_file()
         with open(self.run.log, "a", newline="") as handle:
             writer = csv.DictWriter(handle, LOG_COLUMNS)
@@ -209,11 +261,12 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def batch_stream(self):
-        """Training batches from the saved data position on, epoch after epoch."""
+        """This rank's training batches from the saved data position on, epoch after epoch."""
         while True:
             batches = token_batches(self.train_split.src_lengths, self.train_split.tgt_lengths,
                                     self.train_config.batch_tokens, self.train_config.seed,
                                     self.progress.epoch)
+            batches = shard_batches(batches, self.cluster.rank, self.cluster.world)
             while self.progress.batch_in_epoch < len(batches):
                 index = self.progress.batch_in_epoch
                 self.progress.batch_in_epoch += 1
@@ -221,50 +274,65 @@ class Trainer:
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
 
-    def loss(self, batch, label_smoothing: float) -> torch.Tensor:
+    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32)."""
+        module = module or self.loss_module
         with self.autocast():
-            hidden = self.model.features(batch.src.to(self.device), batch.src_mask.to(self.device),
-                                         batch.tgt_in.to(self.device), batch.tgt_mask.to(self.device))
-            return projected_cross_entropy(hidden.flatten(0, 1), self.model.generator,
-                                           batch.tgt_out.to(self.device).flatten(), label_smoothing,
-                                           PAD_ID)
+            return module(*(tensor.to(self.device) for tensor in
+                            (batch.src, batch.src_mask, batch.tgt_in, batch.tgt_mask, batch.tgt_out)),
+                          label_smoothing)
 
     def train_step(self, batches) -> tuple[float, int]:
-        """One update over ``accumulate`` batches; returns (loss per target token, target tokens)."""
+        """One update over ``accumulate`` batches on every rank.
+
+        Gradients are those of the summed loss over all ranks' target tokens divided by
+        their count, exactly as one process would compute them on the union of the batches.
+        Returns (loss per target token, target tokens), both over all ranks.
+        """
         self.model.train()
-        tokens = sum(batch.target_tokens for batch in batches)
+        local_tokens = sum(batch.target_tokens for batch in batches)
+        (tokens,) = all_reduce_sum([float(local_tokens)], self.cluster, self.device)
+        scale = self.cluster.world / tokens          # DDP averages gradients over ranks
         total = 0.0
-        for batch in batches:
-            loss = self.loss(batch, self.train_config.label_smoothing)
-            (loss / tokens).backward()
+        for number, batch in enumerate(batches, start=1):
+            synchronise = number == len(batches) or not self.cluster.active
+            with contextlib.nullcontext() if synchronise else self.loss_module.no_sync():
+                loss = self.loss(batch, self.train_config.label_smoothing)
+                self.scaler.scale(loss * scale).backward()
             total += loss.item()
+        self.scaler.unscale_(self.optimizer)
         if self.train_config.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_config.clip_norm)
         self.progress.step += 1
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(self.progress.step, self.train_config,
                                         self.progress.plateau_scale)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total / tokens, tokens
+        (total,) = all_reduce_sum([total], self.cluster, self.device)
+        return total / tokens, int(tokens)
 
     def should_stop(self) -> bool:
+        """Budgets and early stopping, decided by rank 0 for every rank."""
         config, progress = self.train_config, self.progress
-        return (progress.finished
-                or (config.max_steps and progress.step >= config.max_steps)
-                or (config.max_epochs and progress.epoch >= config.max_epochs)
-                or (config.max_minutes and progress.elapsed >= config.max_minutes * 60))
+        stop = bool(progress.finished
+                    or (config.max_steps and progress.step >= config.max_steps)
+                    or (config.max_epochs and progress.epoch >= config.max_epochs)
+                    or (config.max_minutes and progress.elapsed >= config.max_minutes * 60))
+        return broadcast_object(stop, self.cluster)
 
     def fit(self) -> Progress:
         if self.run.exists():
             self.resume()
-            say(f"resuming {self.run.path} at step {self.progress.step}")
+            if self.cluster.is_main:
+                say(f"resuming {self.run.path} at step {self.progress.step}")
         stream = self.batch_stream()
         bar = tqdm(initial=self.progress.step, total=self.train_config.max_steps or None,
-                   unit="step", dynamic_ncols=True, disable=None)
+                   unit="step", dynamic_ncols=True, disable=None if self.cluster.is_main else True)
         window_loss, window_steps, window_tokens, window_time = 0.0, 0, 0, 0.0
-        while not self.should_stop():
+        stop = self.should_stop()
+        while not stop:
             start = time.perf_counter()
             batches = [next(stream) for _ in range(self.train_config.accumulate)]
             loss, tokens = self.train_step(batches)
@@ -280,16 +348,17 @@ class Trainer:
                 row = {"loss": f"{window_loss / window_steps:.6f}",
                        "tokens_per_s": f"{window_tokens / window_time:.1f}"}
                 window_loss, window_steps, window_tokens, window_time = 0.0, 0, 0, 0.0
-            validate = (self.progress.step % self.train_config.validate_every == 0
-                        or self.should_stop())
-            if validate:
-                validation_start = time.perf_counter()
-                row.update(self.validate(validation_start))
+            stop = self.should_stop()
+            if self.progress.step % self.train_config.validate_every == 0 or stop:
+                row.update(self.validate(time.perf_counter()))
+                stop = self.should_stop()
             if row:
                 self.log({"step": self.progress.step, "epoch": self.progress.epoch, "lr": f"{lr:.6g}",
                           "elapsed_s": f"{self.progress.elapsed:.1f}", **row})
         bar.close()
-        self.finish()
+        if self.cluster.is_main:
+            self.finish()
+        barrier(self.cluster)
         return self.progress
 
     def finish(self) -> None:
@@ -309,18 +378,25 @@ class Trainer:
         self.model.eval()
         split = self.valid_split
         total, tokens = 0.0, 0
+        plain = TrainingLoss(self.model)                    # no DDP: rank 0 validates alone
         for indices in token_batches(split.src_lengths, split.tgt_lengths,
                                      self.train_config.batch_tokens, shuffle=False):
             batch = split.batch(indices)
-            total += self.loss(batch, 0.0).item()
+            total += self.loss(batch, 0.0, plain).item()
             tokens += batch.target_tokens
         return total / max(tokens, 1)
 
     def validate(self, start: float) -> dict:
-        """Validation loss, perplexity and greedy BLEU; early stopping; a checkpoint.
+        """Validation loss, perplexity and greedy BLEU by rank 0; early stopping decided there
+        and shared; a checkpoint. Validation time counts toward ``train.max_minutes``."""
+        scores = self._validate_on_main() if self.cluster.is_main else None
+        self.progress.elapsed += time.perf_counter() - start
+        shared = broadcast_object((scores, asdict(self.progress)), self.cluster)
+        scores, self.progress = shared[0], Progress(**shared[1])
+        self.save_checkpoint(scores.pop("improved"))
+        return scores
 
-        ``start`` is when validation began: its time counts toward ``train.max_minutes``.
-        """
+    def _validate_on_main(self) -> dict:
         valid_loss = self.validation_loss()
         bleu = validation_bleu(self.model, self.valid_split, self.tokenizers[1], self.config,
                                self.device, self.autocast)
@@ -336,13 +412,11 @@ class Trainer:
             if self.train_config.patience and \
                     self.progress.bad_validations >= self.train_config.patience:
                 self.progress.finished = True
-        self.progress.elapsed += time.perf_counter() - start
-        self.save_checkpoint(improved)
         say(f"step {self.progress.step}: valid loss {valid_loss:.4f}  "
-                   f"ppl {math.exp(min(valid_loss, 50)):.2f}  BLEU {bleu:.2f}"
-                   f"{'  (best)' if improved else ''}  [{self.progress.elapsed / 60:.1f} min]")
+            f"ppl {math.exp(min(valid_loss, 50)):.2f}  BLEU {bleu:.2f}"
+            f"{'  (best)' if improved else ''}  [{self.progress.elapsed / 60:.1f} min]")
         return {"valid_loss": f"{valid_loss:.6f}", "valid_ppl": f"{math.exp(min(valid_loss, 50)):.4f}",
-                "valid_bleu": f"{bleu:.4f}"}
+                "valid_bleu": f"{bleu:.4f}", "improved": improved}
 
 
 def _tensorboard_writer(folder: Path):
@@ -381,8 +455,13 @@ def train_config(config: Config, run_dir: Path) -> Path:
     run.path.mkdir(parents=True, exist_ok=True)
     if run.config.is_file():
         check_same_experiment(load_config(run.config), config, run.config)
-    save_config(config, run.config)
-    Trainer(config, run).fit()
+    trainer = Trainer(config, run)
+    if trainer.cluster.is_main:
+        save_config(config, run.config)
+    try:
+        trainer.fit()
+    finally:
+        shutdown(trainer.cluster)
     return run.path
 
 

@@ -1,0 +1,96 @@
+"""Data-parallel training with PyTorch's own engine, started by ``torchrun``.
+
+``torchrun --nproc-per-node N -m attnmt train CONFIG`` sets ``WORLD_SIZE``, ``RANK`` and
+``LOCAL_RANK``; :func:`init_cluster` joins the process group (``gloo`` on CPU, ``nccl``
+on CUDA) with a timeout, so a rank that dies ends the job instead of hanging it.
+With one process every helper here is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Cluster:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def init_cluster(device_type: str, timeout_minutes: float = 30.0) -> Cluster:
+    """Join the process group that ``torchrun`` describes in the environment, if any."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Cluster()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                                timeout=timedelta(minutes=timeout_minutes))
+    return Cluster(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def shard_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
+    """This rank's batches of an epoch: every ``world``-th batch, the same count on every rank.
+
+    The batches of the last incomplete round are pooled and their examples dealt out one
+    per rank in turn, so each pair is still seen once per epoch. Only when fewer pairs
+    than ranks are left over do some ranks repeat one of them (all ranks must step together).
+    """
+    if world == 1:
+        return batches
+    full_rounds = len(batches) - len(batches) % world
+    shard = batches[rank:full_rounds:world]
+    leftover = [index for batch in batches[full_rounds:] for index in batch]
+    if leftover:
+        shard.append(leftover[rank::world] or [leftover[rank % len(leftover)]])
+    return shard
+
+
+def all_reduce_sum(values: list[float], cluster: Cluster, device: torch.device) -> list[float]:
+    """Sum of ``values`` over all ranks (every rank gets the result)."""
+    if not cluster.active:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def broadcast_object(value, cluster: Cluster):
+    """Rank 0's ``value`` on every rank."""
+    if not cluster.active:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def gather_objects(value, cluster: Cluster) -> list:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if not cluster.active:
+        return [value]
+    values = [None] * cluster.world
+    dist.all_gather_object(values, value)
+    return values
+
+
+def barrier(cluster: Cluster) -> None:
+    if cluster.active:
+        dist.barrier()
+
+
+def shutdown(cluster: Cluster) -> None:
+    if cluster.active and dist.is_initialized():
+        dist.destroy_process_group()
