@@ -22,6 +22,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--run", default="runs/demo", help="run directory (default: runs/demo)")
     demo.set_defaults(handler=run_demo)
 
+    prepare = commands.add_parser("prepare", help="tokenize a corpus once into memory-mapped files",
+                                  description="Train the tokenizers and write the training split "
+                                              "as token ids in RUN/data, streaming the corpus; "
+                                              "'attnmt train' on the same run then reads them.")
+    prepare.add_argument("config", help="YAML config file (see configs/)")
+    prepare.add_argument("--run", help="run directory (default: runs/<config name>)")
+    prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                         help="override a config value")
+    prepare.set_defaults(handler=run_prepare)
+
     train = commands.add_parser("train", help="train a model, or resume its run directory",
                                 description="Train the model a YAML config describes. An existing "
                                             "run directory is resumed exactly.")
@@ -190,6 +200,15 @@ def run_demo(args) -> int:
     from attnmt.demo import run_demo as demo
 
     demo(Path(args.run))
+    return 0
+
+
+def run_prepare(args) -> int:
+    from attnmt.train import prepare_run
+
+    report = prepare_run(args.config, args.run, args.set)
+    print(f"read {report['read']} pairs, kept {report['kept']} (dropped {report['empty']} empty, "
+          f"{report['long']} too long) in {report['seconds']} s: {report['pairs_per_s']} pairs/s")
     return 0
 
 

@@ -31,6 +31,7 @@ from attnmt.data import PAD_ID
 from attnmt.distributed import (Cluster, all_reduce_sum, barrier, broadcast_object, gather_objects,
                                 init_cluster, shard_batches, shutdown)
 from attnmt.data.batching import source_batches, source_tensor, token_batches
+from attnmt.data.binarized import BinarizedSplit, is_prepared, prepare
 from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
 from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
                                     train_tokenizers)
@@ -123,15 +124,24 @@ def resolve_device(device: str) -> torch.device:
 
 
 def prepare_data(config: Config, run: RunDirectory, cluster: Cluster):
-    """Tokenizers (trained once by rank 0, then loaded from the run directory) and splits."""
-    train_corpus = load_split(config.data, "train")
-    if cluster.is_main and not (run.path / TOKENIZER_FILE).is_file():
-        save_tokenizers(run.path, *train_tokenizers(config.data, train_corpus.source,
-                                                    train_corpus.target))
-    barrier(cluster)
-    source_tokenizer, target_tokenizer = load_tokenizers(run.path)
-    train_split, report = tokenize_split(train_corpus, source_tokenizer, target_tokenizer,
-                                         config.data.max_len)
+    """Tokenizers (trained once by rank 0, then loaded from the run directory) and splits.
+
+    After ``attnmt prepare`` the training split is read from its memory-mapped files;
+    otherwise it is read and tokenized in memory.
+    """
+    if is_prepared(run.path):
+        source_tokenizer, target_tokenizer = load_tokenizers(run.path)
+        train_split = BinarizedSplit(run.path)
+        report = train_split.report
+    else:
+        train_corpus = load_split(config.data, "train")
+        if cluster.is_main and not (run.path / TOKENIZER_FILE).is_file():
+            save_tokenizers(run.path, *train_tokenizers(config.data, train_corpus.source,
+                                                        train_corpus.target))
+        barrier(cluster)
+        source_tokenizer, target_tokenizer = load_tokenizers(run.path)
+        train_split, report = tokenize_split(train_corpus, source_tokenizer, target_tokenizer,
+                                             config.data.max_len)
     if cluster.is_main:
         say(report)
     valid_split, _ = tokenize_split(load_split(config.data, "valid"), source_tokenizer,
@@ -451,10 +461,7 @@ def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=
 
 def train_config(config: Config, run_dir: Path) -> Path:
     """Train (or resume) a run of ``config`` in ``run_dir``."""
-    run = RunDirectory(run_dir)
-    run.path.mkdir(parents=True, exist_ok=True)
-    if run.config.is_file():
-        check_same_experiment(load_config(run.config), config, run.config)
+    run = open_run(config, run_dir)
     trainer = Trainer(config, run)
     if trainer.cluster.is_main:
         save_config(config, run.config)
@@ -463,6 +470,23 @@ def train_config(config: Config, run_dir: Path) -> Path:
     finally:
         shutdown(trainer.cluster)
     return run.path
+
+
+def open_run(config: Config, run_dir: Path) -> RunDirectory:
+    """The run directory, created if needed; an existing one must hold the same experiment."""
+    run = RunDirectory(run_dir)
+    run.path.mkdir(parents=True, exist_ok=True)
+    if run.config.is_file():
+        check_same_experiment(load_config(run.config), config, run.config)
+    return run
+
+
+def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> dict:
+    """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
+    config = load_config(config_path, overrides)
+    run = open_run(config, Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
+    save_config(config, run.config)
+    return prepare(config, run.path)
 
 
 def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -30,25 +31,27 @@ class ParallelCorpus:
         return len(self.source)
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file (``.gz`` decompressed), without line ends."""
+def iter_lines(path: Path):
+    """Lines of a UTF-8 text file (``.gz`` decompressed), without line ends, one at a time."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open
-    lines = []
     try:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                    yield raw.decode("utf-8").rstrip("\r\n")
                 except UnicodeDecodeError as error:
                     raise UserError(f"{path}: line {number} is not valid UTF-8 "
                                     f"(byte {error.start}: {raw[error.start:error.start + 1]!r})"
                                     ) from None
     except (OSError, EOFError) as error:
         raise UserError(f"cannot read {path}: {error}") from None
-    return lines
+
+
+def read_lines(path: Path) -> list[str]:
+    return list(iter_lines(path))
 
 
 def find_language_file(prefix: str | Path, lang: str) -> Path:
@@ -60,29 +63,38 @@ def find_language_file(prefix: str | Path, lang: str) -> Path:
     raise UserError(f"file not found: {plain} (nor {plain}.gz)")
 
 
-def read_parallel(prefix: str | Path, src_lang: str, tgt_lang: str) -> ParallelCorpus:
-    """A prefix and two languages, or a ``.tsv``/``.tsv.gz`` file of ``source<TAB>target`` lines."""
+def iter_parallel(prefix: str | Path, src_lang: str, tgt_lang: str):
+    """``(source, target)`` pairs streamed from a prefix and two languages, or from a
+    ``.tsv``/``.tsv.gz`` file of ``source<TAB>target`` lines; never the whole corpus in memory."""
     if str(prefix).endswith((".tsv", ".tsv.gz")):
-        return read_tsv(Path(prefix))
+        yield from _iter_tsv(Path(prefix))
+        return
     source_path = find_language_file(prefix, src_lang)
     target_path = find_language_file(prefix, tgt_lang)
-    source, target = read_lines(source_path), read_lines(target_path)
-    if len(source) != len(target):
-        raise UserError(f"line counts differ: {source_path} has {len(source)} lines, "
-                        f"{target_path} has {len(target)}")
+    for pair in itertools.zip_longest(iter_lines(source_path), iter_lines(target_path)):
+        if None in pair:                                     # one file ended first: count both
+            raise UserError(f"line counts differ: {source_path} has "
+                            f"{sum(1 for _ in iter_lines(source_path))} lines, {target_path} has "
+                            f"{sum(1 for _ in iter_lines(target_path))}")
+        yield pair
+
+
+def read_parallel(prefix: str | Path, src_lang: str, tgt_lang: str) -> ParallelCorpus:
+    """The whole corpus of :func:`iter_parallel` in memory."""
+    source, target = [], []
+    for source_line, target_line in iter_parallel(prefix, src_lang, tgt_lang):
+        source.append(source_line)
+        target.append(target_line)
     return ParallelCorpus(source, target, str(prefix))
 
 
-def read_tsv(path: Path) -> ParallelCorpus:
-    source, target = [], []
-    for number, line in enumerate(read_lines(path), start=1):
+def _iter_tsv(path: Path):
+    for number, line in enumerate(iter_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
             raise UserError(f"{path}: line {number} has {len(fields)} tab-separated fields, "
                             "expected 2 (source<TAB>target)")
-        source.append(fields[0])
-        target.append(fields[1])
-    return ParallelCorpus(source, target, str(path))
+        yield fields[0], fields[1]
 
 
 # --- Multi30k -------------------------------------------------------------------------------

@@ -45,6 +45,16 @@ class TokenizedSplit:
                           indices)
 
 
+def drop_reason(source: list[int], target: list[int], max_len: int) -> str | None:
+    """Why a training pair is dropped: ``empty`` (a side has no token), ``long`` (a side has more
+    than ``max_len``), or None when it is kept."""
+    if not source or not target:
+        return "empty"
+    if max(len(source), len(target)) > max_len:
+        return "long"
+    return None
+
+
 def tokenize_split(corpus: ParallelCorpus, source_tokenizer, target_tokenizer,
                    max_len: int | None = None) -> tuple[TokenizedSplit, str]:
     """Encode a corpus; with ``max_len`` (training) drop empty and over-long pairs.
@@ -55,11 +65,10 @@ def tokenize_split(corpus: ParallelCorpus, source_tokenizer, target_tokenizer,
     targets = target_tokenizer.encode_batch(corpus.target)
     report = f"{corpus.name}: {len(sources)} pairs"
     if max_len is not None:
-        empty = [i for i in range(len(sources)) if not sources[i] or not targets[i]]
-        long = [i for i in range(len(sources)) if sources[i] and targets[i]
-                and max(len(sources[i]), len(targets[i])) > max_len]
-        dropped = set(empty) | set(long)
-        kept = [i for i in range(len(sources)) if i not in dropped]
+        reasons = [drop_reason(source, target, max_len) for source, target in zip(sources, targets)]
+        empty = [i for i, reason in enumerate(reasons) if reason == "empty"]
+        long = [i for i, reason in enumerate(reasons) if reason == "long"]
+        kept = [i for i, reason in enumerate(reasons) if reason is None]
         if not kept:
             raise UserError(f"{corpus.name}: no training pairs left after filtering "
                             f"({len(empty)} empty, {len(long)} longer than data.max_len={max_len})")
