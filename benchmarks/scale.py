@@ -1,0 +1,108 @@
+"""Scale figures: a 3-million-pair corpus through prepare + training, and DDP on CPU.
+
+    python benchmarks/scale.py corpus [--pairs 3000000] [--steps 150]
+    python benchmarks/scale.py ddp [--steps 60]
+
+``corpus``: writes Multi30k de-en training pairs repeated up to ``--pairs`` into a
+temporary folder, runs ``attnmt prepare`` (pairs/s), then ``attnmt train`` for
+``--steps`` updates of the Transformer preset reading the memory-mapped split, and
+reports the peak resident memory of each process (``ru_maxrss`` of the child).
+``ddp``: target tokens/s of the Transformer preset on Multi30k with one process and
+two threads, and with ``torchrun`` two processes of one thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "configs/multi30k_de_en_transformer.yaml"
+
+
+def run_child(command: list[str]) -> tuple[float, float]:
+    """Run a command; returns (seconds, peak RSS of the child in MiB)."""
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    seconds = time.perf_counter() - start
+    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def write_corpus(folder: Path, data: Path, pairs: int) -> None:
+    for lang in ("de", "en"):
+        with gzip.open(data / f"train.{lang}.gz", "rt", encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+        with open(folder / f"train.{lang}", "w", encoding="utf-8") as out:
+            for index in range(pairs):
+                out.write(lines[index % len(lines)] + "\n")
+        with gzip.open(data / f"val.{lang}.gz", "rt", encoding="utf-8") as handle:
+            (folder / f"val.{lang}").write_text(handle.read(), encoding="utf-8")
+
+
+def corpus(args) -> None:
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary)
+        write_corpus(folder, Path(args.data), args.pairs)
+        settings = ["--set", "data.dataset=files", "--set", f"data.train={folder}/train",
+                    "--set", f"data.valid={folder}/val", "--set", f"train.max_steps={args.steps}",
+                    "--set", "train.validate_every=100000", "--set", f"train.precision={args.precision}"]
+        run = folder / "run"
+        base = [sys.executable, "-m", "attnmt"]
+        prepare_seconds, prepare_rss = run_child(base + ["prepare", str(PRESET), "--run", str(run),
+                                                         *settings])
+        train_seconds, train_rss = run_child(base + ["train", str(PRESET), "--run", str(run),
+                                                     *settings])
+        with open(run / "log.csv") as handle:
+            rows = [row for row in csv.DictReader(handle) if row["tokens_per_s"]]
+    print(f"| pairs | prepare s | prepare pairs/s | peak RSS, prepare+train MiB | {args.steps} updates s"
+          " | target tokens/s |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {args.pairs:,} | {prepare_seconds:.0f} | {args.pairs / prepare_seconds:,.0f} | "
+          f"{max(prepare_rss, train_rss):.0f} | {train_seconds:.0f} | {rows[-1]['tokens_per_s']} |")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ddp(args) -> None:
+    print("| processes x threads | target tokens/s |")
+    print("|---|---|")
+    for processes, threads in ((1, 2), (2, 1)):
+        with tempfile.TemporaryDirectory() as temporary:
+            settings = ["--set", f"data.dir={args.data}", "--set", f"train.max_steps={args.steps}",
+                        "--set", "train.validate_every=100000", "--set", f"train.threads={threads}",
+                        "--set", f"train.log_every={args.steps // 2}"]
+            launcher = [sys.executable, "-m", "attnmt"] if processes == 1 else \
+                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+                 "--master-port", str(free_port()), "-m", "attnmt", "--"]
+            subprocess.run(launcher + ["train", str(PRESET), "--run", f"{temporary}/run", *settings],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(f"{temporary}/run/log.csv") as handle:
+                rows = [row for row in csv.DictReader(handle) if row["tokens_per_s"]]
+        print(f"| {processes} x {threads} | {float(rows[-1]['tokens_per_s']):,.0f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["corpus", "ddp"])
+    parser.add_argument("--pairs", type=int, default=3_000_000)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    args = parser.parse_args()
+    corpus(args) if args.what == "corpus" else ddp(args)
+
+
+if __name__ == "__main__":
+    main()
