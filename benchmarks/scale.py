@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
-import resource
 import socket
 import subprocess
 import sys
@@ -28,12 +27,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs/multi30k_de_en_transformer.yaml"
 
 
-def run_child(command: list[str]) -> tuple[float, float]:
-    """Run a command; returns (seconds, peak RSS of the child in MiB)."""
+MEASURED = ("import resource, sys\nfrom attnmt.cli import main\ncode = main(sys.argv[1:])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "sys.exit(code)")
+
+
+def run_attnmt(arguments: list[str]) -> tuple[float, float]:
+    """Run an attnmt command in a child process; returns (seconds, its peak RSS in MiB)."""
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    seconds = time.perf_counter() - start
-    return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    result = subprocess.run([sys.executable, "-c", MEASURED, *arguments], check=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return time.perf_counter() - start, int(result.stderr.strip().splitlines()[-1]) / 1024
 
 
 def write_corpus(folder: Path, data: Path, pairs: int) -> None:
@@ -55,18 +59,16 @@ def corpus(args) -> None:
                     "--set", f"data.valid={folder}/val", "--set", f"train.max_steps={args.steps}",
                     "--set", "train.validate_every=100000", "--set", f"train.precision={args.precision}"]
         run = folder / "run"
-        base = [sys.executable, "-m", "attnmt"]
-        prepare_seconds, prepare_rss = run_child(base + ["prepare", str(PRESET), "--run", str(run),
-                                                         *settings])
-        train_seconds, train_rss = run_child(base + ["train", str(PRESET), "--run", str(run),
-                                                     *settings])
+        prepare_seconds, prepare_rss = run_attnmt(["prepare", str(PRESET), "--run", str(run),
+                                                   *settings])
+        train_seconds, train_rss = run_attnmt(["train", str(PRESET), "--run", str(run), *settings])
         with open(run / "log.csv") as handle:
             rows = [row for row in csv.DictReader(handle) if row["tokens_per_s"]]
-    print(f"| pairs | prepare s | prepare pairs/s | peak RSS, prepare+train MiB | {args.steps} updates s"
-          " | target tokens/s |")
-    print("|---|---|---|---|---|---|")
+    print(f"| pairs | prepare s | prepare pairs/s | prepare peak RSS MiB | train ({args.steps} updates) s"
+          " | train peak RSS MiB | target tokens/s |")
+    print("|---|---|---|---|---|---|---|")
     print(f"| {args.pairs:,} | {prepare_seconds:.0f} | {args.pairs / prepare_seconds:,.0f} | "
-          f"{max(prepare_rss, train_rss):.0f} | {train_seconds:.0f} | {rows[-1]['tokens_per_s']} |")
+          f"{prepare_rss:.0f} | {train_seconds:.0f} | {train_rss:.0f} | {rows[-1]['tokens_per_s']} |")
 
 
 def free_port() -> int:
