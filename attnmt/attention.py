@@ -227,6 +227,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  chunk_size: int | None = None,
                                  need_weights: bool = True,
                                  dropout_p: float = 0.0,
+                                 scale: float | None = None,
                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``softmax(q k^T / sqrt(d)) v`` on ``q (..., Tq, D)``, ``k (..., Tk, D)``, ``v (..., Tk, Dv)``.
 
@@ -239,21 +240,25 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     ``mask`` is bool, broadcastable to ``(..., Tq, Tk)``, True = attend.
     ``dropout_p`` drops attention weights (training only; the caller passes 0 in eval).
+    ``scale`` multiplies the scores: ``1 / sqrt(D)`` by default (1.0 gives the unscaled dot
+    product of the scaling experiment).
     """
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     if chunk_size is not None:
         if dropout_p:
             raise ValueError("the chunked attention path has no dropout; use it for inference")
-        return _chunked_attention(q, k, v, mask, chunk_size), None
+        return _chunked_attention(q, k, v, mask, chunk_size, scale), None
     if not need_weights:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                             scale=scale)
         return out, None
-    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     weights = masked_softmax(scores, mask)
     dropped = F.dropout(weights, dropout_p) if dropout_p else weights
     return torch.matmul(dropped, v), weights
 
 
-def _chunked_attention(q, k, v, mask, chunk_size):
+def _chunked_attention(q, k, v, mask, chunk_size, scale):
     """Online softmax (Milakov & Gimelshein 2018; Rabe & Staats 2021) over query and key blocks."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -262,18 +267,17 @@ def _chunked_attention(q, k, v, mask, chunk_size):
     for start in range(0, q.size(-2), chunk_size):
         block_mask = mask[..., start:start + chunk_size, :] if per_query_mask else mask
         blocks.append(_online_softmax_rows(q[..., start:start + chunk_size, :], k, v,
-                                           block_mask, chunk_size))
+                                           block_mask, chunk_size, scale))
     return torch.cat(blocks, dim=-2)
 
 
-def _online_softmax_rows(q, k, v, mask, chunk_size):
+def _online_softmax_rows(q, k, v, mask, chunk_size, scale):
     """Attention for a block of queries ``(..., Cq, D)``, visiting keys ``chunk_size`` at a time.
 
     Keeps, per query, the running max ``m``, the running denominator ``l`` and the
     running weighted sum ``acc`` (at least float32); each new key block rescales them by
     ``exp(m_old - m_new)``. Masked keys contribute ``exp(-inf) = 0``.
     """
-    scale = 1.0 / math.sqrt(q.size(-1))
     stats_dtype = torch.promote_types(q.dtype, torch.float32)   # float32, or float64 inputs
     stats_shape = q.shape[:-1] + (1,)
     running_max = q.new_full(stats_shape, float("-inf"), dtype=stats_dtype)
@@ -359,13 +363,15 @@ class MultiHeadAttention(nn.Module):
       ``attend(query, k, v, mask)`` on every step.
     """
 
-    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True,
+                 scaled: bool = True):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
         self.heads = heads
         self.head_dim = d_model // heads
         self.dropout = dropout
+        self.scale = None if scaled else 1.0          # False: plain dot product (experiments)
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -392,7 +398,8 @@ class MultiHeadAttention(nn.Module):
         head_mask = None if mask is None else mask.unsqueeze(1)           # (B, 1, Tq|1, Tk)
         out, weights = scaled_dot_product_attention(
             self._split_heads(self.q_proj(query)), k, v, head_mask,
-            need_weights=need_weights, dropout_p=self.dropout if self.training else 0.0)
+            need_weights=need_weights, dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale)
         out = out.transpose(1, 2).reshape(batch, length, d_model)
         return self.out_proj(out), weights
 

@@ -72,6 +72,7 @@ class ModelConfig:
     attention_dropout: float = 0.1    # on attention weights
     ffn_dropout: float = 0.0          # on the FFN's hidden layer
     max_positions: int = 1024
+    scale_attention: bool = True      # false: scores q.k without 1/sqrt(d_k) (scaling experiment)
     # RNN
     cell: str = "gru"                 # rnn | gru | lstm
     decoder: str = "bahdanau"         # none | bahdanau | luong

@@ -79,7 +79,8 @@ def _build_transformer(config: ModelConfig, src_vocab_size: int, tgt_vocab_size:
                         config.positions == "learned", config.dropout, PAD_ID)
 
     sizes = (config.d_model, config.heads, config.ffn_dim, config.dropout,
-             config.attention_dropout, config.ffn_dropout, config.norm == "pre")
+             config.attention_dropout, config.ffn_dropout, config.norm == "pre",
+             config.scale_attention)
     encoder = TransformerEncoder(embedder(src_vocab_size), config.encoder_layers, *sizes)
     decoder = TransformerDecoder(embedder(tgt_vocab_size), config.decoder_layers, *sizes)
     for module in (*encoder.layers, *decoder.layers):      # Glorot init, as in the paper's code

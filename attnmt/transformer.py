@@ -95,9 +95,10 @@ class SublayerNorm(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm):
+    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm,
+                 scaled=True):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, scaled=scaled)
         self.ffn = FeedForward(d_model, ffn_dim, ffn_dropout)
         self.attn_norm = SublayerNorm(d_model, dropout, pre_norm)
         self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
@@ -111,10 +112,11 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm):
+    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm,
+                 scaled=True):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
-        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, scaled=scaled)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, scaled=scaled)
         self.ffn = FeedForward(d_model, ffn_dim, ffn_dropout)
         self.self_norm = SublayerNorm(d_model, dropout, pre_norm)
         self.cross_norm = SublayerNorm(d_model, dropout, pre_norm)
@@ -162,12 +164,13 @@ class TransformerMemory:
 
 class TransformerEncoder(nn.Module):
     def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
-                 attention_dropout, ffn_dropout, pre_norm):
+                 attention_dropout, ffn_dropout, pre_norm, scaled=True):
         super().__init__()
         self.embedder = embedder
         self.embedding = embedder.tokens                 # for embedding tying
         self.layers = nn.ModuleList(EncoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
-                                                 ffn_dropout, pre_norm) for _ in range(layers))
+                                                 ffn_dropout, pre_norm, scaled)
+                                    for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.output_dim = d_model
 
@@ -184,12 +187,13 @@ class TransformerEncoder(nn.Module):
 
 class TransformerDecoder(nn.Module):
     def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
-                 attention_dropout, ffn_dropout, pre_norm):
+                 attention_dropout, ffn_dropout, pre_norm, scaled=True):
         super().__init__()
         self.embedder = embedder
         self.embedding = embedder.tokens                 # for embedding tying
         self.layers = nn.ModuleList(DecoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
-                                                 ffn_dropout, pre_norm) for _ in range(layers))
+                                                 ffn_dropout, pre_norm, scaled)
+                                    for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.output_dim = d_model
 

@@ -280,3 +280,11 @@ def test_multihead_gradcheck():
 def test_multihead_rejects_indivisible_heads():
     with pytest.raises(ValueError, match="d_model 10 is not divisible by heads 4"):
         MultiHeadAttention(10, 4)
+
+
+@pytest.mark.parametrize("options", [{}, {"chunk_size": 3}, {"need_weights": False}])
+def test_unscaled_dot_product_on_every_path(options):
+    q, k, v = qkv(5, 7)
+    expected = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+    out, _ = scaled_dot_product_attention(q, k, v, scale=1.0, **options)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
