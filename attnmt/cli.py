@@ -75,6 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also draw encoder and decoder self-attention (Transformer)")
     plot.set_defaults(handler=run_plot)
 
+    experiment = commands.add_parser("experiment", help="check a claim of the notes with real numbers",
+                                     description="Run one experiment (or 'list' them): trains its "
+                                                 "variants and writes results.json, figures and "
+                                                 "report.md.")
+    experiment.add_argument("name", help="bottleneck, gradients, scaling, scorers, parallelism, "
+                                         "heads, or list")
+    experiment.add_argument("--budget-minutes", type=float,
+                            help="the whole experiment's time budget (default: its own)")
+    experiment.add_argument("--out", help="output folder (default: experiments/NAME)")
+    experiment.add_argument("--data", choices=["multi30k", "numbers"], default="multi30k",
+                            help="Multi30k de->en (default) or the number-words task (quick)")
+    experiment.add_argument("--data-dir", default="", help="folder of the Multi30k files")
+    experiment.set_defaults(handler=run_experiment)
+
     serve = commands.add_parser("serve", help="HTTP API and a web page showing attention",
                                 description="Serve POST /translate, GET /health, GET /info and "
                                             "the attention viewer at GET /.")
@@ -161,6 +175,29 @@ def run_plot(args) -> int:
                           args.self_attention)
     for path in paths:
         print(path)
+    return 0
+
+
+def run_experiment(args) -> int:
+    from attnmt.experiments import EXPERIMENTS, Setting, find_experiment, run_experiment as run
+
+    if args.name == "list":
+        for experiment in EXPERIMENTS:
+            print(f"{experiment.name:<12} {experiment.minutes:>4g} min  {experiment.claim}")
+        return 0
+    experiment = find_experiment(args.name)
+    minutes = args.budget_minutes or experiment.minutes
+    data = {"dataset": "multi30k", "src_lang": "de", "tgt_lang": "en", "dir": args.data_dir,
+            "vocab_size": 8000, "joint_vocab": True, "max_len": 100}
+    if args.data == "numbers":
+        data = {"dataset": "numbers", "src_lang": "de", "tgt_lang": "en", "vocab_size": 200,
+                "joint_vocab": True, "numbers_max": 9999, "numbers_train": 2000,
+                "numbers_valid": 100, "numbers_test": 200}
+    command = " ".join(["attnmt", "experiment", args.name, "--budget-minutes", f"{minutes:g}",
+                        "--data", args.data] + (["--data-dir", args.data_dir] if args.data_dir else []))
+    report = run(experiment, Setting(Path(args.out or f"experiments/{args.name}"), minutes, data,
+                                     command))
+    print(report)
     return 0
 
 
