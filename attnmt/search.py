@@ -160,10 +160,10 @@ def _advance(beams: _Beams, scores, origins, tokens, step, k, alpha, limits, n_b
     (in ``beams.sentences``) of the sentences still searching.
     """
     rows, next_tokens, next_scores, keep = [], [], [], []
+    scores, origins, tokens = scores.tolist(), origins.tolist(), tokens.tolist()
     for i, sentence in enumerate(beams.sentences):
         live = []
-        for rank, (score, origin, token) in enumerate(zip(scores[i].tolist(), origins[i].tolist(),
-                                                          tokens[i].tolist())):
+        for rank, (score, origin, token) in enumerate(zip(scores[i], origins[i], tokens[i])):
             if score == float("-inf") or len(live) == k:
                 break
             row = i * k + origin
