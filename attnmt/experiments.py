@@ -255,7 +255,7 @@ def scorers(setting: Setting) -> Result:
         speeds = [float(row[4]) for row in lines[1:] if row[4]]
         rows.append([name, translator.model.num_parameters(), round(bleu, 2),
                      round(perplexity(setting.out / "runs" / run), 2),
-                     round(sum(speeds) / len(speeds)), round(sentences_per_s)])
+                     round(sum(speeds) / len(speeds)) if speeds else "n/a", round(sentences_per_s)])
     return Result(["score", "parameters", "BLEU", "valid perplexity", "train tokens/s",
                    "decode sentences/s"], rows, [], configs)
 

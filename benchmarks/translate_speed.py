@@ -40,7 +40,7 @@ def measure(run: str, beam: int, precision: str, data: str, threads: int) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+")
+    parser.add_argument("runs", nargs="*")
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=2)
