@@ -50,10 +50,11 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
         log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist()).squeeze(1)
         best_log_prob, best = log_probs.max(dim=-1)
         finished = best == EOS_ID
+        step_tokens, step_log_probs = best.tolist(), best_log_prob.tolist()
         for row, sentence in enumerate(rows.tolist()):
-            log_probs_sum[sentence] += float(best_log_prob[row])
-            if best[row] != EOS_ID:
-                tokens[sentence].append(int(best[row]))
+            log_probs_sum[sentence] += step_log_probs[row]
+            if step_tokens[row] != EOS_ID:
+                tokens[sentence].append(step_tokens[row])
             if step_attention is not None:
                 attention[sentence].append(step_attention[row].float().cpu())
         if finished.all():
