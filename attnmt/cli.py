@@ -26,19 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Train the tokenizers and write the training split "
                                               "as token ids in RUN/data, streaming the corpus; "
                                               "'attnmt train' on the same run then reads them.")
-    prepare.add_argument("config", help="YAML config file (see configs/)")
-    prepare.add_argument("--run", help="run directory (default: runs/<config name>)")
-    prepare.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                         help="override a config value")
+    add_config_options(prepare)
     prepare.set_defaults(handler=run_prepare)
 
     train = commands.add_parser("train", help="train a model, or resume its run directory",
                                 description="Train the model a YAML config describes. An existing "
                                             "run directory is resumed exactly.")
-    train.add_argument("config", help="YAML config file (see configs/)")
-    train.add_argument("--run", help="run directory (default: runs/<config name>)")
-    train.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a config value, e.g. --set train.max_steps=1000")
+    add_config_options(train)
     train.set_defaults(handler=run_train)
 
     translate = commands.add_parser("translate", help="translate raw text with a trained run",
@@ -106,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
     serve.set_defaults(handler=run_serve)
     return parser
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML config file (see configs/)")
+    parser.add_argument("--run", help="run directory (default: runs/<config name>)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a config value, e.g. --set train.max_steps=1000")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
