@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as error:                 # a file named on the command line: missing, unwritable
+        print(f"attnmt: error: {error.strerror or error}: {error.filename}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("attnmt: interrupted; the last checkpoint is kept and the same command resumes",
               file=sys.stderr)

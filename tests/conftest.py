@@ -59,3 +59,20 @@ def toy_batch(seed: int = 0):
 @pytest.fixture(params=sorted(ARCHITECTURES))
 def arch_name(request):
     return request.param
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory):
+    """Three tiny trained runs on number words, shared by the translator, plot and serve tests:
+    a Transformer (max_positions 40), a Bahdanau GRU and a no-attention GRU."""
+    from attnmt.train import train
+    from test_train import TINY
+
+    folder = tmp_path_factory.mktemp("tiny_runs")
+    config = folder / "tiny.yaml"
+    config.write_text(TINY)
+    steps = ["train.max_steps=60", "train.validate_every=60"]
+    rnn = ["model.arch=rnn", "model.embed_dim=16", "model.hidden_dim=16", "model.attention_dim=16"]
+    return {"transformer": train(config, folder / "transformer", steps + ["model.max_positions=40"]),
+            "rnn": train(config, folder / "rnn", steps + rnn),
+            "none": train(config, folder / "none", steps + rnn + ["model.decoder=none"])}

@@ -6,22 +6,13 @@ import pytest
 import attnmt.demo
 from attnmt.errors import UserError
 from attnmt.plot import plot_sentence
-from attnmt.train import train
 from attnmt.translator import Translator
 
-from test_train import TINY
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("plots")
-    config = folder / "tiny.yaml"
-    config.write_text(TINY)
-    short = ["train.max_steps=10", "train.validate_every=10"]
-    rnn = ["model.arch=rnn", "model.embed_dim=16", "model.hidden_dim=16", "model.attention_dim=16"]
-    return {"transformer": train(config, folder / "transformer", short),
-            "rnn": train(config, folder / "rnn", short + rnn),
-            "none": train(config, folder / "none", short + rnn + ["model.decoder=none"])}
+def runs(tiny_runs):
+    return tiny_runs
 
 
 def is_png(path):

@@ -12,21 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from attnmt.serve import Limits, create_app
-from attnmt.train import train
 from attnmt.translator import Translator
 
-from test_train import TINY
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("serve")
-    config = folder / "tiny.yaml"
-    config.write_text(TINY)
-    short = ["train.max_steps=60", "train.validate_every=60"]
-    rnn = ["model.arch=rnn", "model.embed_dim=16", "model.hidden_dim=16", "model.attention_dim=16"]
-    return {"transformer": train(config, folder / "transformer", short),
-            "rnn": train(config, folder / "rnn", short + rnn)}
+def runs(tiny_runs):
+    return tiny_runs
 
 
 @pytest.fixture(scope="module")

@@ -4,19 +4,13 @@ import sys
 import pytest
 
 from attnmt.errors import UserError
-from attnmt.train import train
 from attnmt.translator import Translator, hard_alignment
 
-from test_train import TINY
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("translator")
-    config = folder / "tiny.yaml"
-    config.write_text(TINY)
-    return train(config, folder / "run", ["train.max_steps=60", "train.validate_every=60",
-                                          "model.max_positions=40"])
+def run(tiny_runs):
+    return tiny_runs["transformer"]
 
 
 def attnmt(*args, stdin=None):
@@ -96,3 +90,10 @@ def test_cli_refuses_missing_run_and_corrupt_checkpoint(run, tmp_path):
     assert corrupt.returncode == 1
     assert corrupt.stderr.decode().strip() == (f"attnmt: error: {broken} is not a valid checkpoint "
                                                f"for this model ({corrupt.stderr.decode().split('(', 1)[1].strip()}")
+
+
+def test_cli_missing_input_file_is_one_line(run, tmp_path):
+    result = attnmt("translate", str(run), "-i", str(tmp_path / "absent.txt"))
+    assert result.returncode == 1
+    assert result.stderr.decode().strip() == (f"attnmt: error: No such file or directory: "
+                                              f"{tmp_path / 'absent.txt'}")
