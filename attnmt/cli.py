@@ -242,7 +242,7 @@ def run_demo(args) -> int:
 
 
 def run_prepare(args) -> int:
-    from attnmt.train import prepare_run
+    from attnmt.run import prepare_run
 
     report = prepare_run(args.config, args.run, args.set)
     print(f"read {report['read']} pairs, kept {report['kept']} (dropped {report['empty']} empty, "

@@ -14,7 +14,8 @@ from pathlib import Path
 from attnmt.config import Config, config_from_dict
 from attnmt.data.datasets import load_split
 from attnmt.plot import plot_sentence
-from attnmt.train import say, train_config
+from attnmt.run import say
+from attnmt.train import train_config
 from attnmt.translator import Translator
 
 # The same settings as configs/numbers_de_en.yaml (a test keeps them equal).

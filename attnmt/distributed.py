@@ -15,6 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from attnmt.errors import UserError
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -94,3 +96,36 @@ def barrier(cluster: Cluster) -> None:
 def shutdown(cluster: Cluster) -> None:
     if cluster.active and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# --- devices and precision ---------------------------------------------------------------------
+
+def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for float32.
+
+    ``auto``: bf16 where the hardware runs it natively (AVX-512 BF16 or AMX CPUs, Ampere+
+    GPUs), fp16 (with gradient scaling) on older GPUs, float32 on other CPUs.
+    """
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        bf16 = torch.cuda.is_bf16_supported()
+    else:
+        bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise UserError("train.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        return torch.float16
+    if precision == "bf16" and not bf16:
+        raise UserError(f"train.precision: bf16 is not supported on this {device.type}; use fp32")
+    if bf16:
+        return torch.bfloat16
+    return torch.float16 if device.type == "cuda" else None
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device: cuda requested but no CUDA device is available")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

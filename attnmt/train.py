@@ -1,9 +1,5 @@
 """Training: ``attnmt train CONFIG [--run DIR] [--set section.key=value ...]``.
 
-A run directory holds everything a run needs to continue or to translate:
-``config.yaml``, the tokenizer files, ``checkpoints/step_N.safetensors`` (the last
-``train.keep_checkpoints``), ``last.safetensors``, ``best.safetensors``,
-``trainer_state.pt`` (optimizer, step, data position, RNG) and ``log.csv``.
 Training on an existing run directory resumes it exactly: the same batches, the
 same dropout masks, the same losses as a run that was never interrupted.
 """
@@ -14,7 +10,6 @@ import contextlib
 import csv
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,26 +23,20 @@ from attnmt.checkpoint import (average_into, load_state, load_weights, save_stat
                                save_weights)
 from attnmt.config import Config, TrainConfig, load_config, save_config
 from attnmt.data import PAD_ID
-from attnmt.distributed import (Cluster, all_reduce_sum, barrier, broadcast_object, gather_objects,
-                                init_cluster, shard_batches, shutdown)
 from attnmt.data.batching import source_batches, source_tensor, token_batches
-from attnmt.data.binarized import BinarizedSplit, is_prepared, prepare
-from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
-from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
-                                    train_tokenizers)
+from attnmt.data.datasets import TokenizedSplit
+from attnmt.distributed import (all_reduce_sum, barrier, broadcast_object, gather_objects,
+                                init_cluster, resolve_device, resolve_precision, shard_batches,
+                                shutdown)
 from attnmt.errors import UserError
 from attnmt.evaluate import corpus_bleu
 from attnmt.loss import projected_cross_entropy
 from attnmt.model import Seq2Seq, build_model
+from attnmt.run import RunDirectory, open_run, prepare_data, say
 from attnmt.search import greedy_search
 
 LOG_COLUMNS = ["step", "epoch", "loss", "lr", "tokens_per_s", "valid_loss", "valid_ppl",
                "valid_bleu", "elapsed_s"]
-
-
-def say(message: str) -> None:
-    """A progress message on stderr that does not break the progress bar."""
-    tqdm.write(message, file=sys.stderr)
 
 
 def learning_rate(step: int, config: TrainConfig, plateau_scale: float = 1.0) -> float:
@@ -76,77 +65,6 @@ class Progress:
     checkpoints: list[str] = field(default_factory=list)
     finished: bool = False               # stopped early: no improvement for `patience` validations
     world: int = 1                       # processes that trained the run (resume needs as many)
-
-
-class RunDirectory:
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.config = self.path / "config.yaml"
-        self.log = self.path / "log.csv"
-        self.state = self.path / "trainer_state.pt"
-        self.last = self.path / "last.safetensors"
-        self.best = self.path / "best.safetensors"
-        self.checkpoints = self.path / "checkpoints"
-
-    def exists(self) -> bool:
-        return self.state.is_file()
-
-
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for float32.
-
-    ``auto``: bf16 where the hardware runs it natively (AVX-512 BF16 or AMX CPUs, Ampere+
-    GPUs), fp16 (with gradient scaling) on older GPUs, float32 on other CPUs.
-    """
-    if precision == "fp32":
-        return None
-    if device.type == "cuda":
-        bf16 = torch.cuda.is_bf16_supported()
-    else:
-        bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    if precision == "fp16":
-        if device.type != "cuda":
-            raise UserError("train.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
-        return torch.float16
-    if precision == "bf16" and not bf16:
-        raise UserError(f"train.precision: bf16 is not supported on this {device.type}; use fp32")
-    if bf16:
-        return torch.bfloat16
-    return torch.float16 if device.type == "cuda" else None
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device: cuda requested but no CUDA device is available")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def prepare_data(config: Config, run: RunDirectory, cluster: Cluster):
-    """Tokenizers (trained once by rank 0, then loaded from the run directory) and splits.
-
-    After ``attnmt prepare`` the training split is read from its memory-mapped files;
-    otherwise it is read and tokenized in memory.
-    """
-    if is_prepared(run.path):
-        source_tokenizer, target_tokenizer = load_tokenizers(run.path)
-        train_split = BinarizedSplit(run.path)
-        report = train_split.report
-    else:
-        train_corpus = load_split(config.data, "train")
-        if cluster.is_main and not (run.path / TOKENIZER_FILE).is_file():
-            save_tokenizers(run.path, *train_tokenizers(config.data, train_corpus.source,
-                                                        train_corpus.target))
-        barrier(cluster)
-        source_tokenizer, target_tokenizer = load_tokenizers(run.path)
-        train_split, report = tokenize_split(train_corpus, source_tokenizer, target_tokenizer,
-                                             config.data.max_len)
-    if cluster.is_main:
-        say(report)
-    valid_split, _ = tokenize_split(load_split(config.data, "valid"), source_tokenizer,
-                                    target_tokenizer)
-    return (source_tokenizer, target_tokenizer), train_split, valid_split
 
 
 class TrainingLoss(nn.Module):
@@ -471,28 +389,4 @@ def train_config(config: Config, run_dir: Path) -> Path:
         shutdown(trainer.cluster)
     return run.path
 
-
-def open_run(config: Config, run_dir: Path) -> RunDirectory:
-    """The run directory, created if needed; an existing one must hold the same experiment."""
-    run = RunDirectory(run_dir)
-    run.path.mkdir(parents=True, exist_ok=True)
-    if run.config.is_file():
-        check_same_experiment(load_config(run.config), config, run.config)
-    return run
-
-
-def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> dict:
-    """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
-    config = load_config(config_path, overrides)
-    run = open_run(config, Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
-    save_config(config, run.config)
-    return prepare(config, run.path)
-
-
-def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:
-    """A run directory continues only the experiment it holds: same data and model."""
-    for section in ("data", "model"):
-        if getattr(saved, section) != getattr(requested, section):
-            raise UserError(f"{saved_path} holds a run with a different '{section}' section; "
-                            "resume with the same config or choose a new --run directory")
 

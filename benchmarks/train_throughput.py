@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(config_path: str, precision: str, steps: int, warmup_steps: int, data: str,
             threads: int) -> dict:
     from attnmt.config import load_config
-    from attnmt.train import RunDirectory, Trainer
+    from attnmt.run import RunDirectory
+    from attnmt.train import Trainer
 
     overrides = [f"train.precision={precision}", f"data.dir={data}", f"train.threads={threads}"]
     config = load_config(config_path, overrides)

@@ -8,7 +8,8 @@ from attnmt.config import load_config
 from attnmt.data.binarized import BinarizedSplit, prepare
 from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
-from attnmt.train import prepare_run, train
+from attnmt.run import prepare_run
+from attnmt.train import train
 
 from test_train import losses
 

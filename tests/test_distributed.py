@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from attnmt.distributed import shard_batches
 from attnmt.errors import UserError
-from attnmt.train import resolve_device, resolve_precision
+from attnmt.distributed import resolve_device, resolve_precision
 
 from test_train import TINY, losses
 

@@ -12,7 +12,8 @@ import torch
 from attnmt.checkpoint import load_weights, save_weights
 from attnmt.config import TrainConfig, load_config
 from attnmt.errors import UserError
-from attnmt.train import RunDirectory, Trainer, learning_rate, train
+from attnmt.run import RunDirectory
+from attnmt.train import Trainer, learning_rate, train
 
 TINY = """
 data:
