@@ -40,7 +40,8 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
     memory = model.encode(src, src_mask)
     limits = max_output_lengths(src_mask, max_len_a, max_len_b)
     batch = src.size(0)
-    rows = torch.arange(batch)                         # original sentence of each live row
+    rows = torch.arange(batch)                         # original sentence of each row
+    done = torch.zeros(batch, dtype=torch.bool)        # rows whose sentence has ended
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     tokens, log_probs_sum = [[] for _ in range(batch)], [0.0] * batch
     attention = [[] for _ in range(batch)]
@@ -49,20 +50,25 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
         log_probs, state, step_attention = model.decode_step(prev, state, memory, need_attention)
         log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist()).squeeze(1)
         best_log_prob, best = log_probs.max(dim=-1)
-        finished = best == EOS_ID
         step_tokens, step_log_probs = best.tolist(), best_log_prob.tolist()
         for row, sentence in enumerate(rows.tolist()):
+            if done[row]:
+                continue
             log_probs_sum[sentence] += step_log_probs[row]
             if step_tokens[row] != EOS_ID:
                 tokens[sentence].append(step_tokens[row])
             if step_attention is not None:
                 attention[sentence].append(step_attention[row].float().cpu())
-        if finished.all():
+        done |= (best == EOS_ID).cpu()
+        if done.all():
             break
-        keep = (~finished).nonzero().squeeze(1)
-        if len(keep) < len(rows):
-            state, memory = state.index_select(keep), memory.index_select(keep)
-            rows, best = rows[keep.cpu()], best[keep]
+        # Ended rows leave the batch once they are a quarter of it, not one by one: every
+        # batch size is a new matrix shape, and bf16 kernels are built per shape.
+        if 4 * int(done.sum()) >= len(rows):
+            keep = (~done).nonzero().squeeze(1)
+            on_device = keep.to(src.device)
+            state, memory = state.index_select(on_device), memory.index_select(on_device)
+            rows, best, done = rows[keep], best[on_device], done[keep]
         prev = best
     return [Hypothesis(tokens[i], log_probs_sum[i], log_probs_sum[i],
                        torch.stack(attention[i]) if attention[i] else None) for i in range(batch)]
