@@ -10,7 +10,7 @@ NUMBERS = {"dataset": "numbers", "src_lang": "de", "tgt_lang": "en", "vocab_size
            "joint_vocab": True, "numbers_max": 999, "numbers_train": 120, "numbers_valid": 12,
            "numbers_test": 24}
 SHAPES = {"bottleneck": (4, 6), "gradients": (2, 5), "scaling": (8, 6), "scorers": (6, 6),
-          "parallelism": (6, 4), "heads": (5, 4)}
+          "parallelism": (6, 7), "heads": (5, 4)}
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda e: e.name)
