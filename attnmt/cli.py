@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as error:                 # a file named on the command line: missing, unwritable
-        print(f"attnmt: error: {error.strerror or error}: {error.filename}", file=sys.stderr)
+        where = f": {error.filename}" if error.filename else ""
+        print(f"attnmt: error: {error.strerror or error}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("attnmt: interrupted; the last checkpoint is kept and the same command resumes",

@@ -51,8 +51,8 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
         log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist()).squeeze(1)
         best_log_prob, best = log_probs.max(dim=-1)
         step_tokens, step_log_probs = best.tolist(), best_log_prob.tolist()
-        for row, sentence in enumerate(rows.tolist()):
-            if done[row]:
+        for row, (sentence, ended) in enumerate(zip(rows.tolist(), done.tolist())):
+            if ended:
                 continue
             log_probs_sum[sentence] += step_log_probs[row]
             if step_tokens[row] != EOS_ID:

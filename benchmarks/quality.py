@@ -25,7 +25,8 @@ def train(config: str, run: Path, data_dir: str, overrides: list[str]) -> None:
     command = [sys.executable, "-m", "attnmt", "train", config, "--run", str(run)]
     for setting in settings:
         command += ["--set", setting]
-    subprocess.run(command, check=True)
+    if subprocess.run(command).returncode:
+        sys.exit(f"training {run} failed; see the messages above")
 
 
 def training_figures(run: Path) -> dict:

@@ -9,9 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnmt.distributed import shard_batches
+from attnmt.distributed import resolve_device, resolve_precision, shard_batches
 from attnmt.errors import UserError
-from attnmt.distributed import resolve_device, resolve_precision
 
 from test_train import TINY, losses
 

@@ -9,38 +9,32 @@ from attnmt.plot import plot_sentence
 from attnmt.translator import Translator
 
 
-
-@pytest.fixture(scope="module")
-def runs(tiny_runs):
-    return tiny_runs
-
-
 def is_png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rnn_heatmap(runs, tmp_path):
-    (path,) = plot_sentence(Translator.from_run(runs["rnn"], threads=1), "sieben", tmp_path / "a.png")
+def test_rnn_heatmap(tiny_runs, tmp_path):
+    (path,) = plot_sentence(Translator.from_run(tiny_runs["rnn"], threads=1), "sieben", tmp_path / "a.png")
     assert is_png(path)
 
 
-def test_transformer_grid_and_self_attention(runs, tmp_path):
-    paths = plot_sentence(Translator.from_run(runs["transformer"], threads=1), "dreihundertzwölf",
+def test_transformer_grid_and_self_attention(tiny_runs, tmp_path):
+    paths = plot_sentence(Translator.from_run(tiny_runs["transformer"], threads=1), "dreihundertzwölf",
                           tmp_path / "t.png", self_attention=True)
     assert [p.name for p in paths] == ["t.png", "t.encoder.png", "t.decoder.png"]
     assert all(is_png(p) for p in paths)
 
 
-def test_no_attention_model_and_empty_sentence_are_refused(runs, tmp_path):
-    translator = Translator.from_run(runs["none"], threads=1)
+def test_no_attention_model_and_empty_sentence_are_refused(tiny_runs, tmp_path):
+    translator = Translator.from_run(tiny_runs["none"], threads=1)
     with pytest.raises(UserError, match="this model has no attention to draw"):
         plot_sentence(translator, "sieben", tmp_path / "n.png")
     with pytest.raises(UserError, match="the sentence is empty"):
         plot_sentence(translator, "  ", tmp_path / "n.png")
 
 
-def test_plot_command_prints_the_png_path(runs, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "attnmt", "plot", str(runs["rnn"]), "sieben",
+def test_plot_command_prints_the_png_path(tiny_runs, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "attnmt", "plot", str(tiny_runs["rnn"]), "sieben",
                              "-o", str(tmp_path / "c.png"), "--threads", "1"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == str(tmp_path / "c.png")

@@ -15,15 +15,9 @@ from attnmt.serve import Limits, create_app
 from attnmt.translator import Translator
 
 
-
 @pytest.fixture(scope="module")
-def runs(tiny_runs):
-    return tiny_runs
-
-
-@pytest.fixture(scope="module")
-def client(runs):
-    app = create_app(Translator.from_run(runs["transformer"], threads=1),
+def client(tiny_runs):
+    app = create_app(Translator.from_run(tiny_runs["transformer"], threads=1),
                      Limits(max_chars=50, max_texts=3, max_beam=4, max_n_best=3))
     with TestClient(app) as test_client:
         yield test_client
@@ -67,8 +61,8 @@ def test_attention_per_layer_and_head(client):
     assert len(encoder) == len(encoder[0]) == len(data["source_tokens"]) + 1
 
 
-def test_rnn_attention_is_one_layer_one_head(runs):
-    with TestClient(create_app(Translator.from_run(runs["rnn"], threads=1))) as client:
+def test_rnn_attention_is_one_layer_one_head(tiny_runs):
+    with TestClient(create_app(Translator.from_run(tiny_runs["rnn"], threads=1))) as client:
         data = client.post("/translate", json={"text": "sieben", "attention": True}).json()
         hypothesis = data["translations"][0]["hypotheses"][0]
         assert len(hypothesis["attention"]) == 1 and len(hypothesis["attention"][0]) == 1
@@ -98,15 +92,15 @@ def test_malformed_json_is_422_and_the_server_goes_on(client):
     assert client.get("/health").status_code == 200
 
 
-def test_over_long_input_in_tokens_is_a_clear_error(runs):
-    app = create_app(Translator.from_run(runs["transformer"], threads=1), Limits(max_chars=100_000))
+def test_over_long_input_in_tokens_is_a_clear_error(tiny_runs):
+    app = create_app(Translator.from_run(tiny_runs["transformer"], threads=1), Limits(max_chars=100_000))
     with TestClient(app) as client:
         response = client.post("/translate", json={"text": "sieben " * 1100})
     assert response.status_code == 413 and "this model accepts at most" in response.json()["error"]
 
 
-def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(runs):
-    app = create_app(Translator.from_run(runs["transformer"], threads=1), wait_ms=50)
+def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_runs):
+    app = create_app(Translator.from_run(tiny_runs["transformer"], threads=1), wait_ms=50)
     words = ["sieben", "acht", "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn"]
 
     async def run_all():
@@ -133,7 +127,7 @@ def free_port() -> int:
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
-def test_page_in_a_real_browser(runs, tmp_path):
+def test_page_in_a_real_browser(tiny_runs, tmp_path):
     if not (CHROMIUM and CHROMEDRIVER):
         message = "browser test needs Debian's chromium and chromium-driver (apt-get install ...)"
         if os.environ.get("CI"):                 # CI installs them: missing there is a failure
@@ -145,7 +139,7 @@ def test_page_in_a_real_browser(runs, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", str(runs["transformer"]),
+    server = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", str(tiny_runs["transformer"]),
                                "--port", str(port), "--threads", "1"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     options = webdriver.ChromeOptions()

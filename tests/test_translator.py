@@ -7,7 +7,6 @@ from attnmt.errors import UserError
 from attnmt.translator import Translator, hard_alignment
 
 
-
 @pytest.fixture(scope="module")
 def run(tiny_runs):
     return tiny_runs["transformer"]
