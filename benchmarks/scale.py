@@ -1,12 +1,14 @@
 """Scale figures: a 3-million-pair corpus through prepare + training, and DDP on CPU.
 
-    python benchmarks/scale.py corpus [--pairs 3000000] [--steps 150]
+    python benchmarks/scale.py corpus [--pairs 3000000] [--steps 150] [--jemalloc PATH]
     python benchmarks/scale.py ddp [--steps 60]
 
 ``corpus``: writes Multi30k de-en training pairs repeated up to ``--pairs`` into a
 temporary folder, runs ``attnmt prepare`` (pairs/s), then ``attnmt train`` for
 ``--steps`` updates of the Transformer preset reading the memory-mapped split, and
 reports the peak resident memory of each process (``ru_maxrss`` of the child).
+``--jemalloc /usr/lib/x86_64-linux-gnu/libjemalloc.so.2`` runs both commands with
+jemalloc preloaded, its page decay off (``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``).
 ``ddp``: target tokens/s of the Transformer preset on Multi30k with one process and
 two threads, and with ``torchrun`` two processes of one thread each.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import os
 import socket
 import subprocess
 import sys
@@ -32,10 +35,18 @@ MEASURED = ("import resource, sys\nfrom attnmt.cli import main\ncode = main(sys.
             "sys.exit(code)")
 
 
-def run_attnmt(arguments: list[str]) -> tuple[float, float]:
+def allocator_environment(jemalloc: str | None) -> dict:
+    if not jemalloc:
+        return dict(os.environ)
+    if not Path(jemalloc).is_file():
+        sys.exit(f"--jemalloc: no such file {jemalloc} (Debian: apt install libjemalloc2)")
+    return {**os.environ, "LD_PRELOAD": jemalloc, "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1"}
+
+
+def run_attnmt(arguments: list[str], environment: dict) -> tuple[float, float]:
     """Run an attnmt command in a child process; returns (seconds, its peak RSS in MiB)."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", MEASURED, *arguments], check=True,
+    result = subprocess.run([sys.executable, "-c", MEASURED, *arguments], check=True, env=environment,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return time.perf_counter() - start, int(result.stderr.strip().splitlines()[-1]) / 1024
 
@@ -45,8 +56,7 @@ def write_corpus(folder: Path, data: Path, pairs: int) -> None:
         with gzip.open(data / f"train.{lang}.gz", "rt", encoding="utf-8") as handle:
             lines = handle.read().splitlines()
         with open(folder / f"train.{lang}", "w", encoding="utf-8") as out:
-            for index in range(pairs):
-                out.write(lines[index % len(lines)] + "\n")
+            out.writelines(lines[index % len(lines)] + "\n" for index in range(pairs))
         with gzip.open(data / f"val.{lang}.gz", "rt", encoding="utf-8") as handle:
             (folder / f"val.{lang}").write_text(handle.read(), encoding="utf-8")
 
@@ -58,10 +68,11 @@ def corpus(args) -> None:
         settings = ["--set", "data.dataset=files", "--set", f"data.train={folder}/train",
                     "--set", f"data.valid={folder}/val", "--set", f"train.max_steps={args.steps}",
                     "--set", "train.validate_every=100000", "--set", f"train.precision={args.precision}"]
-        run = folder / "run"
+        run, environment = folder / "run", allocator_environment(args.jemalloc)
         prepare_seconds, prepare_rss = run_attnmt(["prepare", str(PRESET), "--run", str(run),
-                                                   *settings])
-        train_seconds, train_rss = run_attnmt(["train", str(PRESET), "--run", str(run), *settings])
+                                                   *settings], environment)
+        train_seconds, train_rss = run_attnmt(["train", str(PRESET), "--run", str(run), *settings],
+                                              environment)
         with open(run / "log.csv") as handle:
             rows = [row for row in csv.DictReader(handle) if row["tokens_per_s"]]
     print(f"| pairs | prepare s | prepare pairs/s | prepare peak RSS MiB | train ({args.steps} updates) s"
@@ -101,6 +112,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3_000_000)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--jemalloc", help="path of libjemalloc.so.2 to preload (corpus only)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
     args = parser.parse_args()
     corpus(args) if args.what == "corpus" else ddp(args)

@@ -2,11 +2,13 @@
 
     python benchmarks/train_throughput.py [--configs configs/multi30k_de_en_transformer.yaml ...]
         [--precisions fp32 bf16] [--steps 60] [--warmup-steps 10] [--data ../shared/data/multi30k]
+        [--set section.key=value ...]
 
 Each (config, precision) runs in its own process: it trains the tokenizer (not timed),
 takes `--warmup-steps` updates (not timed), then times `--steps` updates of the real
 training loop (forward, backward, clipping, optimizer) on shuffled token batches with
-their padding. Tokens/s counts real (non-padding) target tokens.
+their padding. Tokens/s counts real (non-padding) target tokens. The warm-up seconds
+include ``torch.compile``'s compilation with ``--set train.compile=true``.
 """
 
 from __future__ import annotations
@@ -24,18 +26,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(config_path: str, precision: str, steps: int, warmup_steps: int, data: str,
-            threads: int) -> dict:
+            threads: int, settings: list[str]) -> dict:
     from attnmt.config import load_config
     from attnmt.run import RunDirectory
     from attnmt.train import Trainer
 
-    overrides = [f"train.precision={precision}", f"data.dir={data}", f"train.threads={threads}"]
+    overrides = [f"train.precision={precision}", f"data.dir={data}", f"train.threads={threads}",
+                 *settings]
     config = load_config(config_path, overrides)
     with tempfile.TemporaryDirectory() as folder:
         trainer = Trainer(config, RunDirectory(Path(folder)))
         stream = trainer.batch_stream()
+        start = time.perf_counter()
         for _ in range(warmup_steps):
             trainer.train_step([next(stream)])
+        warmup_seconds = time.perf_counter() - start
         tokens, padded, start = 0, 0, time.perf_counter()
         for _ in range(steps):
             batch = next(stream)
@@ -44,7 +49,7 @@ def measure(config_path: str, precision: str, steps: int, warmup_steps: int, dat
         seconds = time.perf_counter() - start
     return {"tokens_per_s": tokens / seconds, "steps_per_s": steps / seconds,
             "tokens_per_step": tokens / steps, "target_padding": 1 - tokens / padded,
-            "parameters": trainer.model.num_parameters(),
+            "parameters": trainer.model.num_parameters(), "warmup_s": warmup_seconds,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -58,27 +63,31 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="config override for every measured run (repeatable)")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one[0], args.one[1], args.steps, args.warmup_steps, args.data,
-                                 args.threads)))
+                                 args.threads, args.set)))
         return
-    print(f"{args.threads} threads, {args.steps} timed updates after {args.warmup_steps} warm-up\n")
+    print(f"{args.threads} threads, {args.steps} timed updates after {args.warmup_steps} warm-up"
+          f"{', settings ' + ' '.join(args.set) if args.set else ''}\n")
     print("| preset | precision | parameters | target tokens/s | updates/s | tokens/update |"
-          " target padding | peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+          " target padding | peak RSS MiB | warm-up s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for config in args.configs:
         for precision in args.precisions:
             command = [sys.executable, __file__, "--one", config, precision, "--steps", str(args.steps),
                        "--warmup-steps", str(args.warmup_steps), "--data", args.data,
                        "--threads", str(args.threads)]
+            command += [argument for setting in args.set for argument in ("--set", setting)]
             result = json.loads(subprocess.run(command, capture_output=True, text=True,
                                                check=True).stdout.strip().splitlines()[-1])
             print(f"| {Path(config).stem} | {precision} | {result['parameters']:,} | "
                   f"{result['tokens_per_s']:,.0f} | {result['steps_per_s']:.2f} | "
                   f"{result['tokens_per_step']:.0f} | {result['target_padding']:.1%} | "
-                  f"{result['peak_rss_mib']:.0f} |", flush=True)
+                  f"{result['peak_rss_mib']:.0f} | {result['warmup_s']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
