@@ -11,11 +11,11 @@ were allocated. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import subprocess
 import sys
 import time
+
+from child import measure_in_child, print_measurement
 
 PATHS = ("plain", "chunked", "torch")
 
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("PATH", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one[0], int(args.one[1]), args.chunk, args.repeats)))
+        print_measurement(measure, args.one[0], int(args.one[1]), args.chunk, args.repeats)
         return
     print(f"B=1 H=4 d_head=64 fp32, 2 threads, chunk {args.chunk}; min of {args.repeats} runs\n")
     print("| T | plain s | plain extra MiB | chunked s | chunked extra MiB | torch s | torch extra MiB |"
@@ -66,10 +66,8 @@ def main() -> None:
     for length in args.lengths:
         row = {}
         for path in PATHS:
-            result = subprocess.run([sys.executable, __file__, "--one", path, str(length),
-                                     "--chunk", str(args.chunk), "--repeats", str(args.repeats)],
-                                    capture_output=True, text=True, check=True)
-            row[path] = json.loads(result.stdout)
+            row[path] = measure_in_child([sys.executable, __file__, "--one", path, str(length),
+                                          "--chunk", str(args.chunk), "--repeats", str(args.repeats)])
         cells = " | ".join(f"{row[p]['seconds']:.4f} | {row[p]['extra_mib']:.0f}" for p in PATHS)
         ratio = row["chunked"]["seconds"] / row["torch"]["seconds"]
         print(f"| {length} | {cells} | {ratio:.2f} |", flush=True)

@@ -14,13 +14,13 @@ include ``torch.compile``'s compilation with ``--set train.compile=true``.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from child import measure_in_child, print_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,8 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one[0], args.one[1], args.steps, args.warmup_steps, args.data,
-                                 args.threads, args.set)))
+        print_measurement(measure, args.one[0], args.one[1], args.steps, args.warmup_steps, args.data,
+                          args.threads, args.set)
         return
     print(f"{args.threads} threads, {args.steps} timed updates after {args.warmup_steps} warm-up"
           f"{', settings ' + ' '.join(args.set) if args.set else ''}\n")
@@ -82,8 +82,10 @@ def main() -> None:
                        "--warmup-steps", str(args.warmup_steps), "--data", args.data,
                        "--threads", str(args.threads)]
             command += [argument for setting in args.set for argument in ("--set", setting)]
-            result = json.loads(subprocess.run(command, capture_output=True, text=True,
-                                               check=True).stdout.strip().splitlines()[-1])
+            result = measure_in_child(command)
+            if "error" in result:
+                print(f"| {Path(config).stem} | {precision} | not measured: {result['error']} |")
+                continue
             print(f"| {Path(config).stem} | {precision} | {result['parameters']:,} | "
                   f"{result['tokens_per_s']:,.0f} | {result['steps_per_s']:.2f} | "
                   f"{result['tokens_per_step']:.0f} | {result['target_padding']:.1%} | "

@@ -10,11 +10,11 @@ prints sacreBLEU of the output, so a faster setting can be checked for quality.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from child import measure_in_child, print_measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         run, beam, precision = args.one
-        print(json.dumps(measure(run, int(beam), precision, args.data, args.threads)))
+        print_measurement(measure, run, int(beam), precision, args.data, args.threads)
         return
     print(f"test_2016_flickr (1000 sentences), {args.threads} threads, load time included\n")
     print("| run | beam | precision | seconds | sentences/s | target tokens/s | BLEU |")
@@ -59,8 +59,10 @@ def main() -> None:
             for precision in args.precisions:
                 command = [sys.executable, __file__, "--one", run, str(beam), precision,
                            "--data", args.data, "--threads", str(args.threads)]
-                result = json.loads(subprocess.run(command, capture_output=True, text=True,
-                                                   check=True).stdout.strip().splitlines()[-1])
+                result = measure_in_child(command)
+                if "error" in result:
+                    print(f"| {Path(run).name} | {beam} | {precision} | not measured: {result['error']} |")
+                    continue
                 print(f"| {Path(run).name} | {beam} | {precision} | {result['seconds']:.1f} | "
                       f"{result['sentences'] / result['seconds']:.0f} | "
                       f"{result['tokens'] / result['seconds']:.0f} | {result['bleu']:.2f} |",
