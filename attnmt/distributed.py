@@ -100,11 +100,13 @@ def shutdown(cluster: Cluster) -> None:
 
 # --- devices and precision ---------------------------------------------------------------------
 
-def resolve_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for float32.
+def resolve_precision(precision: str, device: torch.device,
+                      setting: str = "train.precision") -> torch.dtype | None:
+    """The autocast dtype, or None for float32; ``setting`` names the option in errors.
 
     ``auto``: bf16 where the hardware runs it natively (AVX-512 BF16 or AMX CPUs, Ampere+
-    GPUs), fp16 (with gradient scaling) on older GPUs, float32 on other CPUs.
+    GPUs), fp16 (with gradient scaling) on older GPUs, float32 on other CPUs. Explicit bf16
+    elsewhere is refused: emulated, it is several times slower than float32.
     """
     if precision == "fp32":
         return None
@@ -114,10 +116,10 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
         bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     if precision == "fp16":
         if device.type != "cuda":
-            raise UserError("train.precision: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+            raise UserError(f"{setting}: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
         return torch.float16
     if precision == "bf16" and not bf16:
-        raise UserError(f"train.precision: bf16 is not supported on this {device.type}; use fp32")
+        raise UserError(f"{setting}: bf16 is not supported on this {device.type}; use fp32")
     if bf16:
         return torch.bfloat16
     return torch.float16 if device.type == "cuda" else None

@@ -21,6 +21,7 @@ from attnmt.config import Config, load_config
 from attnmt.data import BOS_ID, PAD_ID
 from attnmt.data.batching import source_batches, source_tensor
 from attnmt.data.tokenizers import load_tokenizers
+from attnmt.distributed import resolve_precision
 from attnmt.errors import UserError
 from attnmt.masks import target_mask
 from attnmt.model import Seq2Seq, build_model
@@ -63,18 +64,19 @@ class Translator:
         """Load ``config.yaml``, the tokenizers and ``<checkpoint>.safetensors`` of a run.
 
         ``checkpoint`` is ``best`` (falls back to ``last``), ``last``, or a file path.
-        ``precision``: ``fp32`` or ``bf16`` (autocast for decoding).
+        ``precision``: ``fp32`` or ``bf16`` (autocast for decoding; only on CPUs that run bf16
+        natively, see :func:`attnmt.distributed.resolve_precision`).
         """
         run = Path(path)
         if not (run / "config.yaml").is_file():
             raise UserError(f"{run} is not an attnmt run directory (no config.yaml)")
+        autocast_dtype = resolve_precision(precision, torch.device("cpu"), setting="precision")
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")   # see train.Trainer
         torch.set_num_threads(threads or os.cpu_count() or 1)
         config = load_config(run / "config.yaml")
         source_tokenizer, target_tokenizer = load_tokenizers(run)
         model = build_model(config.model, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
         load_weights(model, _checkpoint_path(run, checkpoint))
-        autocast_dtype = {"fp32": None, "bf16": torch.bfloat16}[precision]
         return cls(model, source_tokenizer, target_tokenizer, config, autocast_dtype)
 
     def _max_source_tokens(self) -> int:

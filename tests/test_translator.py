@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnmt.errors import UserError
 from attnmt.translator import Translator, hard_alignment
@@ -34,6 +35,13 @@ def test_translator_refuses_bad_requests(run):
         translator.translate(["sieben"], beam=2, n_best=3)
     with pytest.raises(UserError, match="input 2 has .* tokens; this model accepts at most 39"):
         translator.translate(["sieben", "sieben " * 60])
+
+
+def test_translator_refuses_emulated_bf16(run, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.raises(UserError, match="^precision: bf16 is not supported on this cpu; use fp32$"):
+        Translator.from_run(run, precision="bf16", threads=1)
 
 
 def test_alignment_pairs_are_word_indices(run):
