@@ -21,7 +21,7 @@ from attnmt.config import Config, load_config
 from attnmt.data import BOS_ID, PAD_ID
 from attnmt.data.batching import source_batches, source_tensor
 from attnmt.data.tokenizers import load_tokenizers
-from attnmt.distributed import resolve_precision
+from attnmt.distributed import keep_freed_memory, resolve_precision
 from attnmt.errors import UserError
 from attnmt.masks import target_mask
 from attnmt.model import Seq2Seq, build_model
@@ -72,6 +72,7 @@ class Translator:
             raise UserError(f"{run} is not an attnmt run directory (no config.yaml)")
         autocast_dtype = resolve_precision(precision, torch.device("cpu"), setting="precision")
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")   # see train.Trainer
+        keep_freed_memory()
         torch.set_num_threads(threads or os.cpu_count() or 1)
         config = load_config(run / "config.yaml")
         source_tokenizer, target_tokenizer = load_tokenizers(run)
