@@ -132,8 +132,10 @@ def keep_freed_memory() -> None:
     glibc serves blocks over 32 MiB (a beam batch's vocabulary log-probabilities and
     key/value caches) with fresh ``mmap`` pages, so every such tensor pays a page fault
     per 4 KiB before any arithmetic. Turning ``mmap`` off and trimming only above 1 GiB
-    lets those blocks be reused: beam-5 decoding of the 1000 test sentences went from
-    15.6 s to 12.8 s on 2 cores. A no-op where the C library is not glibc.
+    lets those blocks be reused: beam-5 decoding of the 1000 test sentences had 5x fewer
+    page faults and ran about 10% faster on 2 cores (README, "Results on Multi30k"). Blocks
+    too big for a thread's arena are then served from the main one. A no-op where the C
+    library is not glibc.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
