@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from attnmt.errors import UserError
@@ -38,14 +38,6 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
         raise UserError(f"{path} is not a valid checkpoint for this model ({detail})") from None
 
 
-def weights_metadata(path: Path) -> dict[str, str]:
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            return handle.metadata() or {}
-    except (SafetensorError, OSError) as error:
-        raise UserError(f"{path} is not a valid checkpoint ({error})") from None
-
-
 @torch.no_grad()
 def average_into(model: torch.nn.Module, paths: list[Path]) -> None:
     """Load the element-wise mean of several checkpoints of ``model`` into it."""
@@ -65,8 +57,10 @@ def save_state(state: dict, path: Path) -> None:
 
 
 def load_state(path: Path) -> dict:
+    """The trainer state, its tensors on the CPU whatever device saved them (the optimizer
+    moves its state to its parameters' device when it loads it)."""
     try:
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise UserError(f"trainer state not found: {path}") from None
     except Exception as error:  # torch raises many types for a damaged pickle/zip

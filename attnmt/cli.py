@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Train the model a YAML config describes. An existing "
                                             "run directory is resumed exactly.")
     add_config_options(train)
+    train.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                       help="train with N processes on this machine (data parallel, started "
+                            "through torch.distributed.run, like torchrun)")
     train.set_defaults(handler=run_train)
 
     translate = commands.add_parser("translate", help="translate raw text with a trained run",
@@ -104,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config file (see configs/)")
-    parser.add_argument("--run", help="run directory (default: runs/<config name>)")
+    parser.add_argument("--run-dir", "--run", dest="run", metavar="DIR",
+                        help="run directory (default: runs/<config name>); --run is the same")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a config value, e.g. --set train.max_steps=1000")
 
@@ -120,12 +124,21 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
 
 
+def configure(threads: int = 0) -> None:
+    """The process settings every command runs with (attnmt/process.py); torch is imported
+    only by the commands that need it, so ``attnmt --help`` stays fast."""
+    from attnmt.process import configure as apply
+
+    apply(threads)
+
+
 def load_translator(args):
     from attnmt.translator import Translator
 
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
-    return Translator.from_run(args.run, args.checkpoint, args.precision, args.threads)
+    configure(args.threads)
+    return Translator.from_run(args.run, args.checkpoint, args.precision)
 
 
 def run_translate(args) -> int:
@@ -187,6 +200,7 @@ def run_experiment(args) -> int:
             print(f"{experiment.name:<12} {experiment.minutes:>4g} min  {experiment.claim}")
         return 0
     experiment = find_experiment(args.name)
+    configure()
     minutes = args.budget_minutes or experiment.minutes
     data = {"dataset": "multi30k", "src_lang": "de", "tgt_lang": "en", "dir": args.data_dir,
             "vocab_size": 8000, "joint_vocab": True, "max_len": 100}
@@ -206,9 +220,9 @@ def run_serve(args) -> int:
     from attnmt.serve import Limits, serve
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best)
+    configure(args.threads)
     print(f"serving {args.run} on http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(args.run, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
-          args.threads)
+    serve(args.run, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms)
     return 0
 
 
@@ -237,6 +251,7 @@ def run_evaluate(args) -> int:
 def run_demo(args) -> int:
     from attnmt.demo import run_demo as demo
 
+    configure()
     demo(Path(args.run))
     return 0
 
@@ -251,10 +266,36 @@ def run_prepare(args) -> int:
 
 
 def run_train(args) -> int:
-    from attnmt.train import train
+    from attnmt.config import load_config
+    from attnmt.run import default_run_dir
+    from attnmt.train import train_config
 
-    run = train(args.config, args.run, args.set)
-    print(f"run directory: {run}")
+    config = load_config(args.config, args.set)
+    run_dir = args.run or default_run_dir(args.config)
+    if args.nproc_per_node < 1:
+        raise UserError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    if args.nproc_per_node > 1:
+        return launch_processes(args.nproc_per_node, args.config, run_dir, args.set)
+    configure(config.train.threads)
+    print(f"run directory: {train_config(config, run_dir)}")
+    return 0
+
+
+def launch_processes(count: int, config_path: str, run_dir, overrides: list[str]) -> int:
+    """``attnmt train`` in ``count`` processes on this machine, through PyTorch's own launcher
+    (what ``torchrun --standalone --nproc-per-node count -m attnmt train ...`` runs)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    command = ["--standalone", "--nproc-per-node", str(count), "-m", "attnmt", "train",
+               str(config_path), "--run-dir", str(run_dir)]
+    for override in overrides:
+        command += ["--set", override]
+    try:
+        torchrun(command)
+    except ChildFailedError:
+        return 1                                  # the failing process printed its own error
+    print(f"run directory: {run_dir}")
     return 0
 
 

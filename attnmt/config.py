@@ -18,6 +18,11 @@ import yaml
 from attnmt.errors import UserError
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+SCHEDULES = ("noam", "constant", "plateau", "linear", "wsd")
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise UserError(message)
@@ -41,6 +46,9 @@ class DataConfig:
     vocab_size: int = 8000
     joint_vocab: bool = True
     max_len: int = 100                # training pairs longer than this (in tokens) are dropped
+    subword_sampling: float = 0.0     # > 0: resample training subwords every epoch (SentencePiece):
+                                      # unigram smoothing alpha, or the BPE-dropout probability
+    subword_nbest: int = -1           # unigram sampling: from the n best (-1: all segmentations)
     numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
     numbers_train: int = 20000
     numbers_valid: int = 500
@@ -54,6 +62,15 @@ class DataConfig:
         _require(self.src_lang != self.tgt_lang, "data.src_lang and data.tgt_lang are the same")
         _require(self.vocab_size >= 16, f"data.vocab_size must be at least 16, got {self.vocab_size}")
         _require(self.max_len >= 1, f"data.max_len must be positive, got {self.max_len}")
+        _require(self.subword_sampling >= 0,
+                 f"data.subword_sampling must be >= 0, got {self.subword_sampling}")
+        _require(not self.subword_sampling or self.tokenizer == "sentencepiece",
+                 "data.subword_sampling needs tokenizer: sentencepiece")
+        _require(self.sp_model != "bpe" or self.subword_sampling < 1,
+                 f"data.subword_sampling is the BPE-dropout probability with sp_model: bpe; "
+                 f"it must be below 1, got {self.subword_sampling}")
+        _require(self.subword_nbest == -1 or self.subword_nbest >= 1,
+                 f"data.subword_nbest must be -1 (all) or positive, got {self.subword_nbest}")
 
 
 @dataclass(frozen=True)
@@ -112,8 +129,9 @@ class TrainConfig:
     lr: float = 1e-3                  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
-    schedule: str = "noam"            # noam (inverse square root with warmup) | constant | plateau
-    warmup: int = 800
+    schedule: str = "noam"            # noam | constant | plateau | linear | wsd (attnmt/schedule.py)
+    warmup: int = 800                 # updates of linear warmup
+    cooldown: float = 0.2             # wsd: the last fraction of the budget, decayed to zero
     plateau_factor: float = 0.5
     plateau_patience: int = 2
     label_smoothing: float = 0.1
@@ -122,13 +140,16 @@ class TrainConfig:
     batch_tokens: int = 4096          # target tokens per batch (after accumulation: x accumulate)
     max_steps: int = 0                # 0 = no limit
     max_epochs: int = 0
-    max_minutes: float = 0.0
+    max_minutes: float = 0.0          # training time; validation and checkpoints not counted
     validate_every: int = 500
     log_every: int = 50
     early_stop_metric: str = "bleu"   # bleu | loss
     patience: int = 0                 # validations without improvement; 0 = never stop early
     keep_checkpoints: int = 3
-    average_checkpoints: int = 0      # > 1: best.safetensors averages the last n validations
+    average_checkpoints: int = 0      # > 1: average the last n checkpoints at the end; kept as
+                                      # best.safetensors if its validation score is better
+    ema_decay: float = 0.0            # > 0: keep an exponential moving average of the weights,
+                                      # validated beside them; best.safetensors is the better one
     precision: str = "auto"           # auto | fp32 | bf16 | fp16 (CUDA)
     device: str = "auto"              # auto | cpu | cuda
     threads: int = 0                  # torch threads; 0 = all cores
@@ -136,10 +157,10 @@ class TrainConfig:
 
     def __post_init__(self):
         _choice("train", "optimizer", self.optimizer, ("adam", "adamw"))
-        _choice("train", "schedule", self.schedule, ("noam", "constant", "plateau"))
+        _choice("train", "schedule", self.schedule, SCHEDULES)
         _choice("train", "early_stop_metric", self.early_stop_metric, ("bleu", "loss"))
-        _choice("train", "precision", self.precision, ("auto", "fp32", "bf16", "fp16"))
-        _choice("train", "device", self.device, ("auto", "cpu", "cuda"))
+        _choice("train", "precision", self.precision, PRECISIONS)
+        _choice("train", "device", self.device, DEVICES)
         _require(self.lr > 0, f"train.lr must be positive, got {self.lr}")
         _require(0.0 <= self.label_smoothing < 1.0,
                  f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
@@ -148,6 +169,11 @@ class TrainConfig:
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
                      "weight_decay", "threads", "average_checkpoints"):
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
+        _require(0.0 < self.cooldown <= 1.0, f"train.cooldown must be in (0, 1], got {self.cooldown}")
+        _require(0.0 <= self.ema_decay < 1.0, f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
+        _require(self.schedule not in ("linear", "wsd") or self.max_minutes or self.max_steps,
+                 f"train.schedule: {self.schedule} decays over the budget; set train.max_minutes "
+                 "or train.max_steps")
 
 
 @dataclass(frozen=True)

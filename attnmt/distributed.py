@@ -8,7 +8,6 @@ With one process every helper here is a no-op.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,7 +15,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from attnmt.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -35,14 +33,23 @@ class Cluster:
 
 
 def init_cluster(device_type: str, timeout_minutes: float = 30.0) -> Cluster:
-    """Join the process group that ``torchrun`` describes in the environment, if any."""
+    """Join the process group that ``torchrun`` describes in the environment, if any.
+
+    On CUDA each process first takes the GPU of its local rank, so that collective
+    operations (and the tensors of ``broadcast_object_list``) use that GPU, not GPU 0.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Cluster()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = None
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
-                                timeout=timedelta(minutes=timeout_minutes))
-    return Cluster(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+                                timeout=timedelta(minutes=timeout_minutes), device_id=device)
+    return Cluster(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def shard_batches(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
@@ -97,58 +104,3 @@ def barrier(cluster: Cluster) -> None:
 def shutdown(cluster: Cluster) -> None:
     if cluster.active and dist.is_initialized():
         dist.destroy_process_group()
-
-
-# --- devices and precision ---------------------------------------------------------------------
-
-def resolve_precision(precision: str, device: torch.device,
-                      setting: str = "train.precision") -> torch.dtype | None:
-    """The autocast dtype, or None for float32; ``setting`` names the option in errors.
-
-    ``auto``: bf16 where the hardware runs it natively (AVX-512 BF16 or AMX CPUs, Ampere+
-    GPUs), fp16 (with gradient scaling) on older GPUs, float32 on other CPUs. Explicit bf16
-    elsewhere is refused: emulated, it is several times slower than float32.
-    """
-    if precision == "fp32":
-        return None
-    if device.type == "cuda":
-        bf16 = torch.cuda.is_bf16_supported()
-    else:
-        bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    if precision == "fp16":
-        if device.type != "cuda":
-            raise UserError(f"{setting}: fp16 needs a CUDA device; use bf16 or fp32 on CPU")
-        return torch.float16
-    if precision == "bf16" and not bf16:
-        raise UserError(f"{setting}: bf16 is not supported on this {device.type}; use fp32")
-    if bf16:
-        return torch.bfloat16
-    return torch.float16 if device.type == "cuda" else None
-
-
-def keep_freed_memory() -> None:
-    """Make glibc keep freed memory for the next allocation instead of unmapping it.
-
-    glibc serves blocks over 32 MiB (a beam batch's vocabulary log-probabilities and
-    key/value caches) with fresh ``mmap`` pages, so every such tensor pays a page fault
-    per 4 KiB before any arithmetic. Turning ``mmap`` off and trimming only above 1 GiB
-    lets those blocks be reused: beam-5 decoding of the 1000 test sentences had 5x fewer
-    page faults and ran about 10% faster on 2 cores (README, "Results on Multi30k"). Blocks
-    too big for a thread's arena are then served from the main one. A no-op where the C
-    library is not glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_max = -1, -4                      # from glibc's <malloc.h>
-    libc.mallopt(m_mmap_max, 0)
-    libc.mallopt(m_trim_threshold, 1 << 30)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device: cuda requested but no CUDA device is available")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)

@@ -1,25 +1,37 @@
-"""The run directory: what it holds, opening it, and the data a run trains on.
+"""The run directory: what it holds, its log, its checkpoint names, and the data a run trains on.
 
 A run directory holds everything a run needs to continue or to translate:
 ``config.yaml``, the tokenizer files, ``checkpoints/step_N.safetensors`` (the last
 ``train.keep_checkpoints``), ``last.safetensors``, ``best.safetensors``,
-``trainer_state.pt`` (optimizer, step, data position, RNG) and ``log.csv``.
+``trainer_state.pt`` (optimizer, step, data position, RNG, weight average),
+``log.csv``, and with subword sampling ``subwords/epoch_N.npz`` (the segmentation of
+the epochs since the last checkpoint). Every other module reaches these files through :class:`RunDirectory`.
 """
 
 from __future__ import annotations
 
+import csv
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from attnmt.config import Config, load_config, save_config
 from attnmt.data.binarized import BinarizedSplit, is_prepared, prepare
-from attnmt.data.datasets import load_split, tokenize_split
-from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
+from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
+from attnmt.data.tokenizers import (TOKENIZER_FILE, Tokenizer, load_tokenizers, save_tokenizers,
                                     train_tokenizers)
 from attnmt.distributed import Cluster, barrier
 from attnmt.errors import UserError
+
+# The columns of log.csv: training rows every ``train.log_every`` updates, validation
+# columns at each validation (``ema_*`` with ``train.ema_decay``). ``progress`` is the
+# fraction of the budget used (attnmt/schedule.py), ``train_s`` the training seconds it
+# counts, ``elapsed_s`` those plus validation and checkpoints.
+LOG_COLUMNS = ["step", "epoch", "progress", "loss", "lr", "tokens_per_s", "valid_loss",
+               "valid_ppl", "valid_bleu", "ema_valid_loss", "ema_valid_bleu", "train_s",
+               "elapsed_s"]
 
 
 def say(message: str) -> None:
@@ -28,7 +40,7 @@ def say(message: str) -> None:
 
 
 class RunDirectory:
-    def __init__(self, path: Path):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         self.config = self.path / "config.yaml"
         self.log = self.path / "log.csv"
@@ -38,10 +50,61 @@ class RunDirectory:
         self.checkpoints = self.path / "checkpoints"
 
     def exists(self) -> bool:
+        """Whether training has saved a state to resume from."""
         return self.state.is_file()
 
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step}.safetensors"
 
-def open_run(config: Config, run_dir: Path) -> RunDirectory:
+    def segmentation(self, epoch: int) -> Path:
+        """The sampled subwords of a training epoch (``data.subword_sampling``)."""
+        return self.path / "subwords" / f"epoch_{epoch}.npz"
+
+    def drop_segmentations_before(self, epoch: int) -> None:
+        for path in (self.path / "subwords").glob("epoch_*.npz"):
+            if int(path.stem.removeprefix("epoch_")) < epoch:
+                path.unlink(missing_ok=True)
+
+    def weights(self, checkpoint: str = "best") -> Path:
+        """``best`` (``last`` until a validation improved), ``last``, or a file path."""
+        if checkpoint == "best":
+            return self.best if self.best.is_file() else self.last
+        if checkpoint == "last":
+            return self.last
+        return Path(checkpoint)
+
+    # --- log.csv ---------------------------------------------------------------------------
+
+    def append_log(self, row: dict) -> None:
+        """One row; the header is written with the first."""
+        new = not self.log.is_file()
+        with open(self.log, "a", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow({key: row.get(key, "") for key in LOG_COLUMNS})
+
+    def read_log(self) -> list[dict[str, str]]:
+        """Every row as a dict of strings ('' where a row has no value)."""
+        if not self.log.is_file():
+            return []
+        with open(self.log, newline="") as handle:
+            return [{key: value or "" for key, value in row.items()} for row in csv.DictReader(handle)]
+
+    def log_values(self, column: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of every row that has ``column``."""
+        return [(int(row["step"]), float(row[column])) for row in self.read_log() if row.get(column)]
+
+    def truncate_log(self, step: int) -> None:
+        """Drop the rows written after ``step`` (a resumed run writes them again)."""
+        rows = [row for row in self.read_log() if int(row["step"]) <= step]
+        with open(self.log, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def open_run(config: Config, run_dir: str | Path) -> RunDirectory:
     """The run directory, created if needed; an existing one must hold the same experiment."""
     run = RunDirectory(run_dir)
     run.path.mkdir(parents=True, exist_ok=True)
@@ -50,10 +113,14 @@ def open_run(config: Config, run_dir: Path) -> RunDirectory:
     return run
 
 
+def default_run_dir(config_path: str | Path) -> Path:
+    return Path("runs") / Path(config_path).stem
+
+
 def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> dict:
     """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
     config = load_config(config_path, overrides)
-    run = open_run(config, Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
+    run = open_run(config, run_dir or default_run_dir(config_path))
     save_config(config, run.config)
     return prepare(config, run.path)
 
@@ -66,13 +133,25 @@ def check_same_experiment(saved: Config, requested: Config, saved_path: Path) ->
                             "resume with the same config or choose a new --run directory")
 
 
-def prepare_data(config: Config, run: RunDirectory, cluster: Cluster):
+@dataclass
+class TrainingData:
+    source_tokenizer: Tokenizer
+    target_tokenizer: Tokenizer
+    train: TokenizedSplit | BinarizedSplit
+    valid: TokenizedSplit
+
+
+def prepare_data(config: Config, run: RunDirectory, cluster: Cluster = Cluster()) -> TrainingData:
     """Tokenizers (trained once by rank 0, then loaded from the run directory) and splits.
 
     After ``attnmt prepare`` the training split is read from its memory-mapped files;
     otherwise it is read and tokenized in memory.
     """
     if is_prepared(run.path):
+        if config.data.subword_sampling:
+            raise UserError("data.subword_sampling needs the raw training text, and a prepared run "
+                            f"({run.path}/data) holds only token ids; train without "
+                            "'attnmt prepare', or set data.subword_sampling: 0")
         source_tokenizer, target_tokenizer = load_tokenizers(run.path)
         train_split = BinarizedSplit(run.path)
         report = train_split.report
@@ -89,4 +168,4 @@ def prepare_data(config: Config, run: RunDirectory, cluster: Cluster):
         say(report)
     valid_split, _ = tokenize_split(load_split(config.data, "valid"), source_tokenizer,
                                     target_tokenizer)
-    return (source_tokenizer, target_tokenizer), train_split, valid_split
+    return TrainingData(source_tokenizer, target_tokenizer, train_split, valid_split)

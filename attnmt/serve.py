@@ -245,9 +245,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
     return app
 
 
-def serve(run: str, host: str, port: int, limits: Limits, micro_batch: bool, wait_ms: float,
-          threads: int = 0) -> None:
+def serve(run: str, host: str, port: int, limits: Limits, micro_batch: bool, wait_ms: float) -> None:
     import uvicorn
 
-    app = create_app(Translator.from_run(run, threads=threads), limits, micro_batch, wait_ms)
+    app = create_app(Translator.from_run(run), limits, micro_batch, wait_ms)
     uvicorn.run(app, host=host, port=port, log_level="warning")

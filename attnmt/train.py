@@ -1,15 +1,14 @@
 """Training: ``attnmt train CONFIG [--run DIR] [--set section.key=value ...]``.
 
 Training on an existing run directory resumes it exactly: the same batches, the
-same dropout masks, the same losses as a run that was never interrupted.
+same dropout masks, the same losses as a run that was never interrupted (with a step
+budget; a time budget depends on the machine's speed, see docs/configuration.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,37 +18,24 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from attnmt.checkpoint import (average_into, load_state, load_weights, save_state,
-                               save_weights)
-from attnmt.config import Config, TrainConfig, load_config, save_config
+from attnmt.averaging import ExponentialMovingAverage
+from attnmt.checkpoint import average_into, load_state, load_weights, save_state, save_weights
+from attnmt.config import Config, load_config, save_config
 from attnmt.data import PAD_ID
 from attnmt.data.batching import source_batches, source_tensor, token_batches
-from attnmt.data.datasets import TokenizedSplit
-from attnmt.distributed import (all_reduce_sum, barrier, broadcast_object, gather_objects,
-                                init_cluster, resolve_device, resolve_precision, shard_batches,
-                                shutdown)
+from attnmt.data.datasets import (TokenizedSplit, load_segmentation, resample_subwords,
+                                  save_segmentation)
+from attnmt.distributed import (Cluster, all_reduce_sum, barrier, broadcast_object, gather_objects,
+                                init_cluster, shard_batches, shutdown)
 from attnmt.errors import UserError
 from attnmt.evaluate import corpus_bleu
 from attnmt.loss import projected_cross_entropy
+from attnmt.masks import padding_mask, target_mask
 from attnmt.model import Seq2Seq, build_model
-from attnmt.run import RunDirectory, open_run, prepare_data, say
+from attnmt.process import resolve_device, resolve_precision
+from attnmt.run import RunDirectory, TrainingData, default_run_dir, open_run, prepare_data, say
+from attnmt.schedule import budget_progress, learning_rate
 from attnmt.search import greedy_search
-
-LOG_COLUMNS = ["step", "epoch", "loss", "lr", "tokens_per_s", "valid_loss", "valid_ppl",
-               "valid_bleu", "elapsed_s"]
-
-
-def learning_rate(step: int, config: TrainConfig, plateau_scale: float = 1.0) -> float:
-    """Learning rate at update ``step`` (1-based).
-
-    ``noam``: linear warmup to ``lr`` at ``warmup`` steps, then ``lr * sqrt(warmup / step)``
-    (Vaswani et al. 2017, with the peak given directly). ``constant`` and ``plateau``:
-    linear warmup, then ``lr`` (times the plateau reductions so far).
-    """
-    warmup_factor = min(1.0, step / config.warmup) if config.warmup else 1.0
-    if config.schedule == "noam" and config.warmup and step > config.warmup:
-        return config.lr * math.sqrt(config.warmup / step)
-    return config.lr * warmup_factor * plateau_scale
 
 
 @dataclass
@@ -58,7 +44,8 @@ class Progress:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0              # index of the next batch of this epoch
-    elapsed: float = 0.0                 # seconds of training and validation, over all sessions
+    train_seconds: float = 0.0           # training time over all sessions: the time budget
+    elapsed: float = 0.0                 # that plus validation and checkpoints
     best: float | None = None            # best validation metric
     bad_validations: int = 0
     plateau_scale: float = 1.0
@@ -74,68 +61,91 @@ class TrainingLoss(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, src, src_mask, tgt_in, tgt_mask, tgt_out, label_smoothing: float):
-        hidden = self.model.features(src, src_mask, tgt_in, tgt_mask)
+    def forward(self, src, tgt_in, tgt_out, label_smoothing: float):
+        hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in,
+                                     target_mask(tgt_in, PAD_ID))
         return projected_cross_entropy(hidden.flatten(0, 1), self.model.generator, tgt_out.flatten(),
                                        label_smoothing, PAD_ID)
 
 
+@dataclass
+class Scores:
+    """One validation of one set of weights."""
+    loss: float
+    bleu: float
+
+    def metric(self, early_stop_metric: str) -> float:
+        return self.bleu if early_stop_metric == "bleu" else -self.loss
+
+
 class Trainer:
-    def __init__(self, config: Config, run: RunDirectory):
-        self.config, self.train_config, self.run = config, config.train, run
-        # oneDNN caches a bf16 matmul primitive (with its buffers) per input shape, up to
-        # 1024 of them; token batches come in hundreds of shapes, so resident memory grew
-        # past 5 GiB in 250 steps. 16 entries keep it near 2 GiB at the same speed. Read
-        # when oneDNN creates its first primitive, so it must be set before that.
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
-        torch.set_num_threads(self.train_config.threads or os.cpu_count() or 1)
+    """The training loop of one run. ``data`` comes from :func:`attnmt.run.prepare_data`;
+    ``clock`` measures training time (tests pass a fake one)."""
+
+    def __init__(self, config: Config, run: RunDirectory, data: TrainingData,
+                 cluster: Cluster = Cluster(), clock=time.perf_counter):
+        self.config, self.train_config, self.run, self.data = config, config.train, run, data
+        self.cluster, self.clock = cluster, clock
         device = resolve_device(self.train_config.device)
-        self.cluster = init_cluster(device.type)
-        self.device = torch.device("cuda", self.cluster.local_rank) if device.type == "cuda" else device
+        self.device = torch.device("cuda", cluster.local_rank) if device.type == "cuda" else device
         self.autocast_dtype = resolve_precision(self.train_config.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(self.train_config.seed)          # the same initial weights everywhere
-        self.tokenizers, self.train_split, self.valid_split = prepare_data(config, run, self.cluster)
-        self.model = build_model(config.model, self.tokenizers[0].vocab_size,
-                                 self.tokenizers[1].vocab_size).to(self.device)
-        if self.cluster.rank:                             # different dropout on every rank
-            torch.manual_seed(self.train_config.seed + 7919 * self.cluster.rank)
+        self.model = build_model(config.model, data.source_tokenizer.vocab_size,
+                                 data.target_tokenizer.vocab_size).to(self.device)
+        if cluster.rank:                                  # different dropout on every rank
+            torch.manual_seed(self.train_config.seed + 7919 * cluster.rank)
         self.loss_module = TrainingLoss(self.model)
-        if self.cluster.active:
-            self.loss_module = DistributedDataParallel(self.loss_module)
+        if cluster.active:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.loss_module = DistributedDataParallel(self.loss_module, device_ids=device_ids)
         if self.train_config.compile:
             self.loss_module = torch.compile(self.loss_module, dynamic=True)
         optimizer_class = torch.optim.AdamW if self.train_config.optimizer == "adamw" else torch.optim.Adam
         self.optimizer = optimizer_class(self.model.parameters(), lr=self.train_config.lr,
                                          betas=self.train_config.betas, eps=1e-9,
                                          weight_decay=self.train_config.weight_decay)
-        self.progress = Progress(world=self.cluster.world)
-        self.tensorboard = _tensorboard_writer(run.path / "tensorboard") if self.cluster.is_main else None
+        self.average = (ExponentialMovingAverage(self.model, self.train_config.ema_decay)
+                        if self.train_config.ema_decay else None)
+        self.progress = Progress(world=cluster.world)
+        self.epoch_split: tuple[int, TokenizedSplit] | None = None
+        self.tensorboard = _tensorboard_writer(run.path / "tensorboard") if cluster.is_main else None
 
     # --- checkpoints -----------------------------------------------------------------------
 
-    def save_checkpoint(self, improved: bool) -> None:
-        """Called on every rank (the RNG states are gathered); rank 0 writes."""
-        rng_states = gather_objects(torch.get_rng_state(), self.cluster)
+    def rng_state(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return torch.get_rng_state(), cuda
+
+    def save_checkpoint(self, best: str | None) -> None:
+        """Called on every rank (the RNG states are gathered); rank 0 writes. ``best``: which
+        weights become ``best.safetensors`` (``model`` or ``average``), or None."""
+        rng_states = gather_objects(self.rng_state(), self.cluster)
         if not self.cluster.is_main:
             return
         self.run.checkpoints.mkdir(exist_ok=True)
-        name = f"step_{self.progress.step}.safetensors"
+        path = self.run.checkpoint(self.progress.step)
         metadata = {"step": str(self.progress.step), "format": "attnmt"}
-        save_weights(self.model, self.run.checkpoints / name, metadata)
-        if improved:
+        save_weights(self.model, path, metadata)
+        if best == "model":
             save_weights(self.model, self.run.best, metadata)
-        if name not in self.progress.checkpoints:
-            self.progress.checkpoints.append(name)
-        removed = self.progress.checkpoints[:-self.train_config.keep_checkpoints]
-        self.progress.checkpoints = self.progress.checkpoints[-self.train_config.keep_checkpoints:]
+        elif best == "average":
+            with self.average.applied(self.model):
+                save_weights(self.model, self.run.best, {**metadata, "weights": "moving average"})
+        if path.name not in self.progress.checkpoints:
+            self.progress.checkpoints.append(path.name)
+        keep = self.train_config.keep_checkpoints
+        removed, self.progress.checkpoints = self.progress.checkpoints[:-keep], self.progress.checkpoints[-keep:]
         save_state({"progress": asdict(self.progress), "optimizer": self.optimizer.state_dict(),
-                    "scaler": self.scaler.state_dict(), "torch_rng": rng_states}, self.run.state)
+                    "scaler": self.scaler.state_dict(), "rng": rng_states,
+                    "average": None if self.average is None else self.average.state_dict()},
+                   self.run.state)
         save_weights(self.model, self.run.last, metadata)
         for old in removed:
             (self.run.checkpoints / old).unlink(missing_ok=True)
+        self.run.drop_segmentations_before(self.progress.epoch)
 
     def resume(self) -> None:
         state = load_state(self.run.state)
@@ -143,42 +153,31 @@ class Trainer:
             self.progress = Progress(**state["progress"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
-            rng_states = state["torch_rng"]
-        except (KeyError, TypeError, ValueError) as error:
-            raise UserError(f"{self.run.state} is not a valid attnmt trainer state ({error})") from None
+            cpu_state, cuda_state = state["rng"][self.cluster.rank]
+            if self.average is not None:
+                self.average.load_state_dict(state["average"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+            raise UserError(f"{self.run.state} is not a valid attnmt trainer state for this "
+                            f"config ({type(error).__name__}: {error})") from None
         if self.progress.world != self.cluster.world:
             raise UserError(f"{self.run.path} was trained by {self.progress.world} process(es); "
                             f"resume it with the same number, not {self.cluster.world}")
-        torch.set_rng_state(rng_states[self.cluster.rank])
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(cuda_state, self.device)
         load_weights(self.model, self.run.checkpoints / self.progress.checkpoints[-1])
         if self.cluster.is_main:
-            self._truncate_log(self.progress.step)
-
-    def _truncate_log(self, step: int) -> None:
-        """Drop log rows written after the checkpoint we resume from (they will be redone)."""
-        if not self.run.log.is_file():
-            return
-        with open(self.run.log, newline="") as handle:
-            rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
-        with open(self.run.log, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, LOG_COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
+            self.run.truncate_log(self.progress.step)
 
     def log(self, row: dict) -> None:
         """One row of ``log.csv`` (and TensorBoard scalars when it is installed); rank 0 only."""
         if not self.cluster.is_main:
             return
-        new = not self.run.log.is_file()
-        with open(self.run.log, "a", newline="") as handle:
-            writer = csv.DictWriter(handle, LOG_COLUMNS)
-            if new:
-                writer.writeheader()
-            writer.writerow({key: row.get(key, "") for key in LOG_COLUMNS})
+        self.run.append_log(row)
         if self.tensorboard is not None:
-            for key in LOG_COLUMNS[2:]:
-                if row.get(key, "") != "":
-                    self.tensorboard.add_scalar(key, float(row[key]), row["step"])
+            for key, value in row.items():
+                if key != "step" and value != "":
+                    self.tensorboard.add_scalar(key, float(value), row["step"])
             self.tensorboard.flush()
 
     # --- the loop --------------------------------------------------------------------------
@@ -188,27 +187,49 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def training_split(self, epoch: int):
+        """The training split of ``epoch``. With ``data.subword_sampling`` it is segmented anew
+        for each epoch by rank 0 and saved in the run directory, where every rank (and a
+        resumed run) reads it: SentencePiece's sampler cannot be seeded across processes."""
+        data = self.config.data
+        if not data.subword_sampling:
+            return self.data.train
+        if self.epoch_split is None or self.epoch_split[0] != epoch:
+            path = self.run.segmentation(epoch)
+            if self.cluster.is_main and not path.is_file():
+                path.parent.mkdir(exist_ok=True)
+                save_segmentation(resample_subwords(self.data.train, self.data.source_tokenizer,
+                                                    self.data.target_tokenizer,
+                                                    data.subword_sampling, data.subword_nbest), path)
+            barrier(self.cluster)
+            self.epoch_split = (epoch, load_segmentation(self.data.train, path))
+        return self.epoch_split[1]
+
     def batch_stream(self):
         """This rank's training batches from the saved data position on, epoch after epoch."""
         while True:
-            batches = token_batches(self.train_split.src_lengths, self.train_split.tgt_lengths,
+            split = self.training_split(self.progress.epoch)
+            batches = token_batches(split.src_lengths, split.tgt_lengths,
                                     self.train_config.batch_tokens, self.train_config.seed,
                                     self.progress.epoch)
             batches = shard_batches(batches, self.cluster.rank, self.cluster.world)
             while self.progress.batch_in_epoch < len(batches):
                 index = self.progress.batch_in_epoch
                 self.progress.batch_in_epoch += 1
-                yield self.train_split.batch(batches[index])
+                yield split.batch(batches[index])
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
 
     def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
-        """Summed token cross-entropy of one batch (float32)."""
+        """Summed token cross-entropy of one batch (float32); masks are built on the device."""
         module = module or self.loss_module
+        blocking = self.device.type == "cpu"
         with self.autocast():
-            return module(*(tensor.to(self.device) for tensor in
-                            (batch.src, batch.src_mask, batch.tgt_in, batch.tgt_mask, batch.tgt_out)),
-                          label_smoothing)
+            return module(*(tensor.to(self.device, non_blocking=not blocking)
+                            for tensor in (batch.src, batch.tgt_in, batch.tgt_out)), label_smoothing)
+
+    def budget_progress(self) -> float:
+        return budget_progress(self.progress.step, self.progress.train_seconds, self.train_config)
 
     def train_step(self, batches) -> tuple[float, int]:
         """One update over ``accumulate`` batches on every rank.
@@ -221,24 +242,26 @@ class Trainer:
         local_tokens = sum(batch.target_tokens for batch in batches)
         (tokens,) = all_reduce_sum([float(local_tokens)], self.cluster, self.device)
         scale = self.cluster.world / tokens          # DDP averages gradients over ranks
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active
             with contextlib.nullcontext() if synchronise else self.loss_module.no_sync():
                 loss = self.loss(batch, self.train_config.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
-            total += loss.item()
+            total += loss.detach()
         self.scaler.unscale_(self.optimizer)
         if self.train_config.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train_config.clip_norm)
         self.progress.step += 1
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(self.progress.step, self.train_config,
+            group["lr"] = learning_rate(self.progress.step, self.train_config, self.budget_progress(),
                                         self.progress.plateau_scale)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        (total,) = all_reduce_sum([total], self.cluster, self.device)
+        if self.average is not None:
+            self.average.update(self.model, self.progress.step)
+        (total,) = all_reduce_sum([total.item()], self.cluster, self.device)
         return total / tokens, int(tokens)
 
     def should_stop(self) -> bool:
@@ -247,7 +270,7 @@ class Trainer:
         stop = bool(progress.finished
                     or (config.max_steps and progress.step >= config.max_steps)
                     or (config.max_epochs and progress.epoch >= config.max_epochs)
-                    or (config.max_minutes and progress.elapsed >= config.max_minutes * 60))
+                    or (config.max_minutes and progress.train_seconds >= config.max_minutes * 60))
         return broadcast_object(stop, self.cluster)
 
     def fit(self) -> Progress:
@@ -261,10 +284,11 @@ class Trainer:
         window_loss, window_steps, window_tokens, window_time = 0.0, 0, 0, 0.0
         stop = self.should_stop()
         while not stop:
-            start = time.perf_counter()
+            start = self.clock()
             batches = [next(stream) for _ in range(self.train_config.accumulate)]
             loss, tokens = self.train_step(batches)
-            seconds = time.perf_counter() - start
+            seconds = self.clock() - start
+            self.progress.train_seconds += seconds
             self.progress.elapsed += seconds          # validation time is added below
             window_loss, window_steps = window_loss + loss, window_steps + 1
             window_tokens, window_time = window_tokens + tokens, window_time + seconds
@@ -278,10 +302,12 @@ class Trainer:
                 window_loss, window_steps, window_tokens, window_time = 0.0, 0, 0, 0.0
             stop = self.should_stop()
             if self.progress.step % self.train_config.validate_every == 0 or stop:
-                row.update(self.validate(time.perf_counter()))
+                row.update(self.validate(self.clock()))
                 stop = self.should_stop()
             if row:
-                self.log({"step": self.progress.step, "epoch": self.progress.epoch, "lr": f"{lr:.6g}",
+                self.log({"step": self.progress.step, "epoch": self.progress.epoch,
+                          "progress": f"{self.budget_progress():.4f}", "lr": f"{lr:.6g}",
+                          "train_s": f"{self.progress.train_seconds:.1f}",
                           "elapsed_s": f"{self.progress.elapsed:.1f}", **row})
         bar.close()
         if self.cluster.is_main:
@@ -290,13 +316,20 @@ class Trainer:
         return self.progress
 
     def finish(self) -> None:
-        """Average the last checkpoints into best.safetensors when asked."""
+        """With ``average_checkpoints``, average the last checkpoints; the average becomes
+        ``best.safetensors`` only if it validates better than the best so far."""
         count = self.train_config.average_checkpoints
-        if count > 1 and len(self.progress.checkpoints) > 1:
-            names = self.progress.checkpoints[-count:]
-            average_into(self.model, [self.run.checkpoints / name for name in names])
+        if count < 2 or len(self.progress.checkpoints) < 2:
+            return
+        names = self.progress.checkpoints[-count:]
+        average_into(self.model, [self.run.checkpoints / name for name in names])
+        metric = self.evaluate().metric(self.train_config.early_stop_metric)
+        if self.progress.best is None or metric > self.progress.best:
             save_weights(self.model, self.run.best, {"averaged": ",".join(names), "format": "attnmt"})
-            say(f"best.safetensors = average of {', '.join(names)}")
+            say(f"best.safetensors = average of {', '.join(names)} ({metric:.2f})")
+        else:
+            say(f"the average of {', '.join(names)} ({metric:.2f}) is not better than the best "
+                f"checkpoint ({self.progress.best:.2f}); best.safetensors kept")
 
     # --- validation ------------------------------------------------------------------------
 
@@ -304,7 +337,7 @@ class Trainer:
     def validation_loss(self) -> float:
         """Mean token cross-entropy on the validation set, without label smoothing."""
         self.model.eval()
-        split = self.valid_split
+        split = self.data.valid
         total, tokens = 0.0, 0
         plain = TrainingLoss(self.model)                    # no DDP: rank 0 validates alone
         for indices in token_batches(split.src_lengths, split.tgt_lengths,
@@ -314,21 +347,31 @@ class Trainer:
             tokens += batch.target_tokens
         return total / max(tokens, 1)
 
-    def validate(self, start: float) -> dict:
-        """Validation loss, perplexity and greedy BLEU by rank 0; early stopping decided there
-        and shared; a checkpoint. Validation time counts toward ``train.max_minutes``."""
-        scores = self._validate_on_main() if self.cluster.is_main else None
-        self.progress.elapsed += time.perf_counter() - start
-        shared = broadcast_object((scores, asdict(self.progress)), self.cluster)
-        scores, self.progress = shared[0], Progress(**shared[1])
-        self.save_checkpoint(scores.pop("improved"))
-        return scores
-
-    def _validate_on_main(self) -> dict:
-        valid_loss = self.validation_loss()
-        bleu = validation_bleu(self.model, self.valid_split, self.tokenizers[1], self.config,
+    def evaluate(self) -> Scores:
+        """Validation loss and greedy BLEU of the weights the model holds now."""
+        loss = self.validation_loss()
+        bleu = validation_bleu(self.model, self.data.valid, self.data.target_tokenizer, self.config,
                                self.device, self.autocast)
-        metric = bleu if self.train_config.early_stop_metric == "bleu" else -valid_loss
+        return Scores(loss, bleu)
+
+    def validate(self, start: float) -> dict:
+        """Validation by rank 0 (of the weights and of their moving average); early stopping
+        decided there and shared; a checkpoint. Returns the log columns."""
+        outcome = self._validate_on_main() if self.cluster.is_main else None
+        self.progress.elapsed += self.clock() - start
+        shared = broadcast_object((outcome, asdict(self.progress)), self.cluster)
+        (columns, best), self.progress = shared[0], Progress(**shared[1])
+        self.save_checkpoint(best)
+        return columns
+
+    def _validate_on_main(self) -> tuple[dict, str | None]:
+        candidates = {"model": self.evaluate()}
+        if self.average is not None:
+            with self.average.applied(self.model):
+                candidates["average"] = self.evaluate()
+        rule = self.train_config.early_stop_metric
+        name = max(candidates, key=lambda key: candidates[key].metric(rule))
+        metric = candidates[name].metric(rule)
         improved = self.progress.best is None or metric > self.progress.best
         if improved:
             self.progress.best, self.progress.bad_validations = metric, 0
@@ -340,11 +383,18 @@ class Trainer:
             if self.train_config.patience and \
                     self.progress.bad_validations >= self.train_config.patience:
                 self.progress.finished = True
-        say(f"step {self.progress.step}: valid loss {valid_loss:.4f}  "
-            f"ppl {math.exp(min(valid_loss, 50)):.2f}  BLEU {bleu:.2f}"
-            f"{'  (best)' if improved else ''}  [{self.progress.elapsed / 60:.1f} min]")
-        return {"valid_loss": f"{valid_loss:.6f}", "valid_ppl": f"{math.exp(min(valid_loss, 50)):.4f}",
-                "valid_bleu": f"{bleu:.4f}", "improved": improved}
+        model = candidates["model"]
+        message = (f"step {self.progress.step}: valid loss {model.loss:.4f}  "
+                   f"ppl {math.exp(min(model.loss, 50)):.2f}  BLEU {model.bleu:.2f}")
+        columns = {"valid_loss": f"{model.loss:.6f}", "valid_ppl": f"{math.exp(min(model.loss, 50)):.4f}",
+                   "valid_bleu": f"{model.bleu:.4f}"}
+        if "average" in candidates:
+            average = candidates["average"]
+            message += f"  | average: loss {average.loss:.4f}  BLEU {average.bleu:.2f}"
+            columns.update(ema_valid_loss=f"{average.loss:.6f}", ema_valid_bleu=f"{average.bleu:.4f}")
+        say(f"{message}{f'  (best: {name})' if improved else ''}  "
+            f"[{self.progress.train_seconds / 60:.1f} min]")
+        return columns, name if improved else None
 
 
 def _tensorboard_writer(folder: Path):
@@ -374,19 +424,17 @@ def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, con
 def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> Path:
     """Train (or resume) the run described by a config file; returns the run directory."""
     config = load_config(config_path, overrides)
-    return train_config(config, Path(run_dir) if run_dir else Path("runs") / Path(config_path).stem)
+    return train_config(config, run_dir or default_run_dir(config_path))
 
 
-def train_config(config: Config, run_dir: Path) -> Path:
+def train_config(config: Config, run_dir: str | Path) -> Path:
     """Train (or resume) a run of ``config`` in ``run_dir``."""
     run = open_run(config, run_dir)
-    trainer = Trainer(config, run)
-    if trainer.cluster.is_main:
-        save_config(config, run.config)
+    cluster = init_cluster(resolve_device(config.train.device).type)
     try:
-        trainer.fit()
+        if cluster.is_main:
+            save_config(config, run.config)
+        Trainer(config, run, prepare_data(config, run, cluster), cluster).fit()
     finally:
-        shutdown(trainer.cluster)
+        shutdown(cluster)
     return run.path
-
-

@@ -10,7 +10,6 @@ The one path that the command line, plots, experiments and the server share::
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from attnmt.config import Config, load_config
 from attnmt.data import BOS_ID, PAD_ID
 from attnmt.data.batching import source_batches, source_tensor
 from attnmt.data.tokenizers import load_tokenizers
-from attnmt.distributed import keep_freed_memory, resolve_precision
+from attnmt.process import resolve_precision
+from attnmt.run import RunDirectory
 from attnmt.errors import UserError
 from attnmt.masks import target_mask
 from attnmt.model import Seq2Seq, build_model
@@ -59,25 +59,22 @@ class Translator:
         self.max_source_tokens = self._max_source_tokens()
 
     @classmethod
-    def from_run(cls, path: str | Path, checkpoint: str = "best", precision: str = "fp32",
-                 threads: int = 0) -> "Translator":
+    def from_run(cls, path: str | Path, checkpoint: str = "best",
+                 precision: str = "fp32") -> "Translator":
         """Load ``config.yaml``, the tokenizers and ``<checkpoint>.safetensors`` of a run.
 
         ``checkpoint`` is ``best`` (falls back to ``last``), ``last``, or a file path.
-        ``precision``: ``fp32`` or ``bf16`` (autocast for decoding; only on CPUs that run bf16
-        natively, see :func:`attnmt.distributed.resolve_precision`).
+        ``precision``: ``fp32``, ``bf16`` or ``auto`` (bf16 autocast for decoding, only on CPUs
+        that run it natively; see :func:`attnmt.distributed.resolve_precision`).
         """
         run = Path(path)
         if not (run / "config.yaml").is_file():
             raise UserError(f"{run} is not an attnmt run directory (no config.yaml)")
         autocast_dtype = resolve_precision(precision, torch.device("cpu"), setting="precision")
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")   # see train.Trainer
-        keep_freed_memory()
-        torch.set_num_threads(threads or os.cpu_count() or 1)
         config = load_config(run / "config.yaml")
         source_tokenizer, target_tokenizer = load_tokenizers(run)
         model = build_model(config.model, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-        load_weights(model, _checkpoint_path(run, checkpoint))
+        load_weights(model, RunDirectory(run).weights(checkpoint))
         return cls(model, source_tokenizer, target_tokenizer, config, autocast_dtype)
 
     def _max_source_tokens(self) -> int:
@@ -153,15 +150,6 @@ class Translator:
                                     hypothesis.log_prob,
                                     [tokenizer.id_to_piece(i) for i in hypothesis.tokens],
                                     hypothesis.tokens, hypothesis.attention)
-
-
-def _checkpoint_path(run: Path, checkpoint: str) -> Path:
-    if checkpoint == "best":
-        best = run / "best.safetensors"
-        return best if best.is_file() else run / "last.safetensors"
-    if checkpoint == "last":
-        return run / "last.safetensors"
-    return Path(checkpoint)
 
 
 def hard_alignment(translation: Translation, hypothesis: TranslatedHypothesis, source_tokenizer,

@@ -42,8 +42,10 @@ def test_scores(run: Path, data_dir: str) -> dict:
     from attnmt.config import load_config
     from attnmt.data.corpus import read_parallel
     from attnmt.evaluate import score_corpus
+    from attnmt.process import configure
     from attnmt.translator import Translator
 
+    configure()
     config = load_config(run / "config.yaml")
     test = read_parallel(Path(data_dir) / "test_2016_flickr", config.data.src_lang,
                          config.data.tgt_lang)

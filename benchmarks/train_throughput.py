@@ -28,14 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(config_path: str, precision: str, steps: int, warmup_steps: int, data: str,
             threads: int, settings: list[str]) -> dict:
     from attnmt.config import load_config
-    from attnmt.run import RunDirectory
+    from attnmt.process import configure
+    from attnmt.run import RunDirectory, prepare_data
     from attnmt.train import Trainer
 
     overrides = [f"train.precision={precision}", f"data.dir={data}", f"train.threads={threads}",
                  *settings]
     config = load_config(config_path, overrides)
+    configure(threads)
     with tempfile.TemporaryDirectory() as folder:
-        trainer = Trainer(config, RunDirectory(Path(folder)))
+        run = RunDirectory(Path(folder))
+        trainer = Trainer(config, run, prepare_data(config, run))
         stream = trainer.batch_stream()
         start = time.perf_counter()
         for _ in range(warmup_steps):

@@ -24,9 +24,11 @@ def measure(run: str, beam: int, precision: str, data: str, threads: int) -> dic
     from attnmt.config import load_config
     from attnmt.data.corpus import read_parallel
     from attnmt.evaluate import corpus_bleu
+    from attnmt.process import configure
     from attnmt.translator import Translator
 
-    translator = Translator.from_run(run, precision=precision, threads=threads)
+    configure(threads)
+    translator = Translator.from_run(run, precision=precision)
     config = load_config(Path(run) / "config.yaml")
     test = read_parallel(Path(data) / "test_2016_flickr", config.data.src_lang, config.data.tgt_lang)
     loaded = time.perf_counter()

@@ -36,6 +36,43 @@ ARCHITECTURES = {
 
 VOCAB = 11
 
+# A tiny Transformer on number words: trains in seconds, learns something.
+TINY = """
+data:
+  dataset: numbers
+  tokenizer: sentencepiece
+  vocab_size: 80
+  joint_vocab: false
+  numbers_max: 999
+  numbers_train: 600
+  numbers_valid: 40
+  numbers_test: 40
+model:
+  arch: transformer
+  d_model: 32
+  heads: 2
+  ffn_dim: 64
+  encoder_layers: 1
+  decoder_layers: 1
+  dropout: 0.1
+train:
+  lr: 0.003
+  warmup: 20
+  batch_tokens: 400
+  max_steps: 200
+  validate_every: 50
+  log_every: 1
+  threads: 1
+  precision: fp32
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    return path
+
 
 def make_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
@@ -66,7 +103,6 @@ def tiny_runs(tmp_path_factory):
     """Three tiny trained runs on number words, shared by the translator, plot and serve tests:
     a Transformer (max_positions 40), a Bahdanau GRU and a no-attention GRU."""
     from attnmt.train import train
-    from test_train import TINY
 
     folder = tmp_path_factory.mktemp("tiny_runs")
     config = folder / "tiny.yaml"

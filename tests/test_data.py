@@ -10,7 +10,9 @@ from attnmt.config import DataConfig
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from attnmt.data.batching import make_batch, source_batches, token_batches
 from attnmt.data.corpus import ParallelCorpus, read_multi30k, read_parallel
-from attnmt.data.datasets import load_split, tokenize_split
+from attnmt.config import load_config
+from attnmt.data.datasets import (load_segmentation, load_split, resample_subwords,
+                                  save_segmentation, tokenize_split)
 from attnmt.data.numbers import numbers_corpus, split_integers
 from attnmt.data.tokenizers import load_tokenizers, save_tokenizers, train_tokenizers
 from attnmt.errors import UserError
@@ -116,6 +118,43 @@ def test_tokenizers_round_trip_and_reload(tmp_path, kind, model, joint):
     assert loaded_source.encode(TEXTS[1]) == source.encode(TEXTS[1])
     assert loaded_target.vocab_size == target.vocab_size
     assert (loaded_source is loaded_target) == joint
+
+
+@pytest.mark.parametrize("model,alpha", [("unigram", 0.3), ("bpe", 0.3)])
+def test_subword_sampling_changes_pieces_never_text(tmp_path, model, alpha):
+    corpus = ParallelCorpus(TEXTS * 30, [t.lower() for t in TEXTS] * 30, "sample")
+    config = DataConfig(sp_model=model, vocab_size=80, joint_vocab=False)
+    source, target = train_tokenizers(config, corpus.source, corpus.target)
+    plain, _ = tokenize_split(corpus, source, target)
+    first = resample_subwords(plain, source, target, alpha, -1)
+    second = resample_subwords(plain, source, target, alpha, -1)
+    changed = sum(a != b for a, b in zip(first.sources + first.targets, plain.sources + plain.targets))
+    assert changed > len(corpus.source) // 4                        # pieces change ...
+    assert first.sources != second.sources                            # ... anew every call
+    for split in (first, second):
+        assert [source.decode(ids) for ids in split.sources] == corpus.source   # text never
+        assert [target.decode(ids) for ids in split.targets] == corpus.target
+        assert list(split.src_lengths) == [len(ids) for ids in split.sources]
+    save_segmentation(first, tmp_path / "epoch_0.npz")
+    again = load_segmentation(plain, tmp_path / "epoch_0.npz")
+    assert (again.sources, again.targets) == (first.sources, first.targets)
+
+
+def test_subword_sampling_is_off_at_validation_and_needs_raw_text(tiny_config, tmp_path):
+    from attnmt.run import RunDirectory, prepare_data, prepare_run
+    from attnmt.train import Trainer
+
+    config = load_config(tiny_config, ["data.subword_sampling=0.5"])
+    run = RunDirectory(tmp_path / "run")
+    run.path.mkdir()
+    trainer = Trainer(config, run, prepare_data(config, run))
+    epochs = [trainer.training_split(epoch) for epoch in (0, 1)]
+    assert epochs[0].sources != epochs[1].sources != trainer.data.train.sources
+    valid = trainer.data.valid
+    assert valid.sources == trainer.data.source_tokenizer.encode_batch(valid.corpus.source)
+    prepare_run(tiny_config, tmp_path / "prepared")
+    with pytest.raises(UserError, match="data.subword_sampling needs the raw training text"):
+        prepare_data(config, RunDirectory(tmp_path / "prepared"))
 
 
 def test_unknown_symbols_map_to_unk():

@@ -9,10 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnmt.distributed import resolve_device, resolve_precision, shard_batches
-from attnmt.errors import UserError
+from attnmt.distributed import shard_batches
 
-from test_train import TINY, losses
+from test_train import losses
 
 NO_DROPOUT = ["model.dropout=0.0", "model.attention_dropout=0.0", "train.validate_every=1000"]
 
@@ -40,10 +39,12 @@ def free_port() -> int:
 
 
 def torchrun(config, run, *overrides, session=False):
+    """``torchrun --nproc-per-node 2 -m attnmt train CONFIG --run-dir RUN --set ...``, as a user
+    writes it (torchrun's own parser sees every option after the module name)."""
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(free_port()), "-m", "attnmt", "--",
-                             "train", str(config), "--run", str(run),
-                             *[f"--set={o}" for o in overrides]],
+                             "--master-port", str(free_port()), "-m", "attnmt",
+                             "train", str(config), "--run-dir", str(run),
+                             *[argument for o in overrides for argument in ("--set", o)]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=session)
 
@@ -52,13 +53,6 @@ def single(config, run, *overrides):
     return subprocess.run([sys.executable, "-m", "attnmt", "train", str(config), "--run", str(run),
                            *[f"--set={o}" for o in overrides]], capture_output=True, text=True,
                           timeout=300)
-
-
-@pytest.fixture
-def tiny_config(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
 
 
 def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tiny_config, tmp_path):
@@ -101,28 +95,3 @@ def test_resuming_with_another_number_of_processes_is_refused(tiny_config, tmp_p
     again = torchrun(tiny_config, tmp_path / "run", "train.max_steps=4")
     _, stderr = again.communicate(timeout=300)
     assert again.returncode != 0 and "was trained by 1 process(es); resume it with the same number" in stderr
-
-
-def test_precision_selection(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_precision("fp32", cpu) is None
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-    assert resolve_precision("auto", cpu) is torch.bfloat16
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert resolve_precision("auto", cpu) is None
-    with pytest.raises(UserError, match="bf16 is not supported on this cpu"):
-        resolve_precision("bf16", cpu)
-    with pytest.raises(UserError, match="fp16 needs a CUDA device"):
-        resolve_precision("fp16", cpu)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    assert resolve_precision("auto", cuda) is torch.float16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert resolve_precision("auto", cuda) is torch.bfloat16
-
-
-def test_device_selection(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert resolve_device("auto") == torch.device("cpu")
-    with pytest.raises(UserError, match="cuda requested but no CUDA device is available"):
-        resolve_device("cuda")

@@ -17,7 +17,7 @@ from attnmt.translator import Translator
 
 @pytest.fixture(scope="module")
 def client(tiny_runs):
-    app = create_app(Translator.from_run(tiny_runs["transformer"], threads=1),
+    app = create_app(Translator.from_run(tiny_runs["transformer"]),
                      Limits(max_chars=50, max_texts=3, max_beam=4, max_n_best=3))
     with TestClient(app) as test_client:
         yield test_client
@@ -62,7 +62,7 @@ def test_attention_per_layer_and_head(client):
 
 
 def test_rnn_attention_is_one_layer_one_head(tiny_runs):
-    with TestClient(create_app(Translator.from_run(tiny_runs["rnn"], threads=1))) as client:
+    with TestClient(create_app(Translator.from_run(tiny_runs["rnn"]))) as client:
         data = client.post("/translate", json={"text": "sieben", "attention": True}).json()
         hypothesis = data["translations"][0]["hypotheses"][0]
         assert len(hypothesis["attention"]) == 1 and len(hypothesis["attention"][0]) == 1
@@ -93,14 +93,14 @@ def test_malformed_json_is_422_and_the_server_goes_on(client):
 
 
 def test_over_long_input_in_tokens_is_a_clear_error(tiny_runs):
-    app = create_app(Translator.from_run(tiny_runs["transformer"], threads=1), Limits(max_chars=100_000))
+    app = create_app(Translator.from_run(tiny_runs["transformer"]), Limits(max_chars=100_000))
     with TestClient(app) as client:
         response = client.post("/translate", json={"text": "sieben " * 1100})
     assert response.status_code == 413 and "this model accepts at most" in response.json()["error"]
 
 
 def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_runs):
-    app = create_app(Translator.from_run(tiny_runs["transformer"], threads=1), wait_ms=50)
+    app = create_app(Translator.from_run(tiny_runs["transformer"]), wait_ms=50)
     words = ["sieben", "acht", "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn"]
 
     async def run_all():

@@ -1,4 +1,3 @@
-import csv
 import os
 import signal
 import subprocess
@@ -8,53 +7,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from attnmt.checkpoint import load_weights, save_weights
 from attnmt.config import TrainConfig, load_config
 from attnmt.errors import UserError
-from attnmt.run import RunDirectory
-from attnmt.train import Trainer, learning_rate, train
-
-TINY = """
-data:
-  dataset: numbers
-  tokenizer: sentencepiece
-  vocab_size: 80
-  joint_vocab: false
-  numbers_max: 999
-  numbers_train: 600
-  numbers_valid: 40
-  numbers_test: 40
-model:
-  arch: transformer
-  d_model: 32
-  heads: 2
-  ffn_dim: 64
-  encoder_layers: 1
-  decoder_layers: 1
-  dropout: 0.1
-train:
-  lr: 0.003
-  warmup: 20
-  batch_tokens: 400
-  max_steps: 200
-  validate_every: 50
-  log_every: 1
-  threads: 1
-  precision: fp32
-"""
+from attnmt.run import RunDirectory, prepare_data
+from attnmt.schedule import budget_progress, learning_rate
+from attnmt.train import Trainer, train
 
 
-@pytest.fixture
-def tiny_config(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
 
 
 def read_log(run: Path) -> list[dict]:
-    with open(run / "log.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
+    return RunDirectory(run).read_log()
 
 
 def losses(run: Path) -> dict[int, str]:
@@ -66,7 +32,7 @@ def attnmt(*args, **kwargs):
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def test_learning_rate_schedules():
+def test_step_schedules():
     noam = TrainConfig(lr=1e-3, warmup=100, schedule="noam")
     assert learning_rate(50, noam) == pytest.approx(5e-4)
     assert learning_rate(100, noam) == pytest.approx(1e-3)
@@ -78,14 +44,93 @@ def test_learning_rate_schedules():
     assert learning_rate(7, plateau, plateau_scale=0.25) == pytest.approx(2.5e-4)
 
 
+def test_budget_progress_is_the_fraction_of_the_budget_used():
+    steps = TrainConfig(max_steps=1000)
+    assert budget_progress(250, 9999.0, steps) == 0.25                   # time is not the budget
+    minutes = TrainConfig(max_minutes=10)
+    assert budget_progress(5000, 150.0, minutes) == 0.25                 # steps are not
+    both = TrainConfig(max_steps=1000, max_minutes=10)
+    assert budget_progress(100, 300.0, both) == 0.5                      # whichever runs out first
+    assert budget_progress(900, 300.0, both) == 0.9
+    assert budget_progress(2000, 0.0, steps) == 1.0
+    assert budget_progress(100, 100.0, TrainConfig()) == 0.0             # no budget
+
+
+def test_linear_decay_at_chosen_points():
+    config = TrainConfig(lr=2e-3, warmup=100, schedule="linear", max_steps=1000)
+
+    def at(step):
+        return learning_rate(step, config, budget_progress(step, 0.0, config))
+
+    assert at(50) == pytest.approx(2e-3 * 0.5 * 0.95)                   # warmup times decay
+    assert at(100) == pytest.approx(2e-3 * 0.9)                         # warmup end
+    assert at(550) == pytest.approx(2e-3 * 0.45)
+    assert at(1000) == 0.0                                               # the last update
+    timed = TrainConfig(lr=2e-3, warmup=100, schedule="linear", max_minutes=10)
+    assert learning_rate(5000, timed, budget_progress(5000, 450.0, timed)) == pytest.approx(5e-4)
+
+
+def test_warmup_stable_decay_at_chosen_points():
+    config = TrainConfig(lr=1e-3, warmup=100, schedule="wsd", cooldown=0.2, max_minutes=100)
+
+    def at(minutes, step=10_000):
+        return learning_rate(step, config, budget_progress(step, minutes * 60.0, config))
+
+    assert at(1, step=25) == pytest.approx(2.5e-4)                       # warmup
+    assert at(50) == pytest.approx(1e-3)                                 # stable
+    assert at(80) == pytest.approx(1e-3)                                 # cooldown starts
+    assert at(85) == pytest.approx(1e-3 * (1 - 0.5))                     # 1-sqrt: sqrt(1/4)
+    assert at(99.2) == pytest.approx(1e-3 * (1 - 0.96 ** 0.5))
+    assert at(100) == 0.0
+    assert at(130) == 0.0
+
+
+def test_budget_schedules_need_a_budget():
+    with pytest.raises(UserError, match="train.schedule: linear decays over the budget; set "
+                                        "train.max_minutes or train.max_steps"):
+        TrainConfig(schedule="linear")
+
+
+class FakeClock:
+    """Every call is a quarter second after the previous one: each update takes 0.25 s."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.25
+        return self.now
+
+
+def trainer_for(config, run_dir: Path, clock=time.perf_counter) -> Trainer:
+    run = RunDirectory(run_dir)
+    run.path.mkdir()
+    return Trainer(config, run, prepare_data(config, run), clock=clock)
+
+
+def test_time_budget_ends_the_schedule_exactly_when_the_budget_ends(tiny_config, tmp_path):
+    # 0.25 minutes = 15 s = 60 updates of 0.25 s; validation time (also 0.25 s) is not counted.
+    config = load_config(tiny_config, ["train.max_steps=0", "train.max_minutes=0.25",
+                                       "train.schedule=linear", "train.validate_every=25"])
+    trainer_for(config, tmp_path / "run", FakeClock()).fit()
+    log = read_log(tmp_path / "run")
+    assert int(log[-1]["step"]) == 60
+    assert [float(row["progress"]) for row in log[:3]] == pytest.approx([1 / 60, 2 / 60, 3 / 60], abs=1e-4)
+    assert float(log[-1]["progress"]) == 1.0
+    assert float(log[-1]["train_s"]) == 15.0                  # 3 validations of 0.25 s on top:
+    assert float(log[-1]["elapsed_s"]) == pytest.approx(15.75, abs=0.06)
+    for row in log:                  # the rate of update n uses the progress before it
+        step = int(row["step"])
+        expected = 0.003 * min(1.0, step / 20) * (1 - (step - 1) / 60)
+        assert float(row["lr"]) == pytest.approx(expected, rel=1e-5)
+
+
 def test_same_seed_same_first_50_losses(tiny_config, tmp_path):
     runs = []
     for name in ("a", "b"):
         config = load_config(tiny_config, ["train.max_steps=50", "train.validate_every=1000"])
-        run = RunDirectory(tmp_path / name)
-        run.path.mkdir()
-        Trainer(config, run).fit()
-        runs.append(losses(run.path))
+        trainer_for(config, tmp_path / name).fit()
+        runs.append(losses(tmp_path / name))
     assert len(runs[0]) == 50 and runs[0] == runs[1]
 
 
@@ -98,26 +143,60 @@ def test_short_training_on_numbers_learns(tiny_config, tmp_path):
         assert (run.path / name).is_file(), name
 
 
-def test_resume_after_sigkill_is_exact(tiny_config, tmp_path):
-    reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"))
-    assert reference.wait(timeout=300) == 0, reference.stderr.read()
-
-    killed_run = tmp_path / "killed"
-    victim = attnmt("train", str(tiny_config), "--run", str(killed_run))
+def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
+    """Start training, SIGKILL it once it has logged ``step``; the losses it had logged."""
+    victim = attnmt("train", *options)
     deadline = time.time() + 240
-    while time.time() < deadline:                  # kill between checkpoints 50 and 100
-        if (killed_run / "log.csv").is_file() and max(losses(killed_run), default=0) >= 70:
+    while time.time() < deadline:
+        if (run / "log.csv").is_file() and max(losses(run), default=0) >= step:
             break
         time.sleep(0.02)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
-    assert max(losses(killed_run)) < 200, "training ended before it could be killed"
+    return losses(run)
 
-    resumed = attnmt("train", str(tiny_config), "--run", str(killed_run))
+
+@pytest.mark.parametrize("settings", [[], ["train.schedule=wsd", "train.cooldown=0.5",
+                                           "train.ema_decay=0.95"]], ids=["noam", "wsd-ema"])
+def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
+    options = [argument for setting in settings for argument in ("--set", setting)]
+    reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()
+
+    killed_run = tmp_path / "killed"
+    before_kill = kill_after_step(killed_run, 70, [str(tiny_config), "--run", str(killed_run), *options])
+    assert max(before_kill) < 100, "training passed its second checkpoint before the kill"
+    assert (killed_run / "checkpoints" / "step_50.safetensors").is_file()
+
+    resumed = attnmt("train", str(tiny_config), "--run", str(killed_run), *options)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
-    assert "resuming" in resumed.stderr.read()
+    assert f"resuming {killed_run} at step 50" in resumed.stderr.read()
     assert losses(killed_run) == losses(tmp_path / "reference")
     assert len(losses(killed_run)) == 200
+    for name in ("last", "best"):
+        ours, reference = (load_file(str(run / f"{name}.safetensors"))
+                           for run in (killed_run, tmp_path / "reference"))
+        assert ours.keys() == reference.keys()
+        assert all(torch.equal(ours[key], reference[key]) for key in ours), name
+    columns = ["step", "progress", "lr", "valid_bleu", "ema_valid_bleu"]
+    assert [[row[c] for c in columns] for row in read_log(killed_run)] == \
+        [[row[c] for c in columns] for row in read_log(tmp_path / "reference")]
+
+
+def test_resume_with_subword_sampling_redoes_the_same_steps(tiny_config, tmp_path):
+    # SentencePiece's sampler differs between processes, so there is no reference run: the
+    # steps after the checkpoint, done before the kill, must come out the same when redone.
+    run = tmp_path / "run"
+    options = [str(tiny_config), "--run", str(run), "--set", "data.subword_sampling=0.5",
+               "--set", "train.max_steps=100"]
+    before_kill = kill_after_step(run, 80, options)
+    assert 80 <= max(before_kill) < 100
+    assert list((run / "subwords").glob("epoch_*.npz")), "no saved segmentation to resume from"
+    resumed = attnmt("train", *options)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    after = losses(run)
+    assert len(after) == 100
+    assert {step: after[step] for step in before_kill} == before_kill
 
 
 def test_interrupted_checkpoint_write_keeps_previous(tmp_path, monkeypatch):

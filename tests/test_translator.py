@@ -19,7 +19,7 @@ def attnmt(*args, stdin=None):
 
 
 def test_translations_keep_input_order_and_handle_empty_text(run):
-    translator = Translator.from_run(run, threads=1)
+    translator = Translator.from_run(run)
     texts = ["dreihundertzwölf", "", "sieben", "   ", "neunhundertneunundneunzig"]
     translations = translator.translate(texts, beam=3, n_best=2)
     assert [t.source for t in translations] == texts
@@ -30,7 +30,7 @@ def test_translations_keep_input_order_and_handle_empty_text(run):
 
 
 def test_translator_refuses_bad_requests(run):
-    translator = Translator.from_run(run, threads=1)
+    translator = Translator.from_run(run)
     with pytest.raises(UserError, match=r"n-best \(3\) must be between 1 and the beam size \(2\)"):
         translator.translate(["sieben"], beam=2, n_best=3)
     with pytest.raises(UserError, match="input 2 has .* tokens; this model accepts at most 39"):
@@ -41,11 +41,16 @@ def test_translator_refuses_emulated_bf16(run, monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     with pytest.raises(UserError, match="^precision: bf16 is not supported on this cpu; use fp32$"):
-        Translator.from_run(run, precision="bf16", threads=1)
+        Translator.from_run(run, precision="bf16")
+
+
+def test_translator_refuses_unknown_precision(run):
+    with pytest.raises(UserError, match="^precision must be one of auto, fp32, bf16, fp16; got 'fp8'$"):
+        Translator.from_run(run, precision="fp8")
 
 
 def test_alignment_pairs_are_word_indices(run):
-    translator = Translator.from_run(run, threads=1)
+    translator = Translator.from_run(run)
     translation = translator.translate(["dreihundertzwölf"], beam=2, need_attention=True)[0]
     pairs = hard_alignment(translation, translation.best, translator.source_tokenizer,
                            translator.target_tokenizer)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -80,3 +82,46 @@ def tokenize_split(corpus: ParallelCorpus, source_tokenizer, target_tokenizer,
                            np.array([len(s) for s in sources], dtype=np.int64),
                            np.array([len(t) for t in targets], dtype=np.int64))
     return split, report
+
+
+def resample_subwords(split: TokenizedSplit, source_tokenizer, target_tokenizer, alpha: float,
+                      nbest: int) -> TokenizedSplit:
+    """The same pairs, both sides segmented anew by SentencePiece sampling; the detokenised
+    text never changes. SentencePiece's sampler is not repeatable across processes, so
+    training saves each epoch's segmentation (:func:`save_segmentation`) for exact resume."""
+    sources = source_tokenizer.sample_batch(split.corpus.source, alpha, nbest)
+    targets = target_tokenizer.sample_batch(split.corpus.target, alpha, nbest)
+    return _with_ids(split, sources, targets)
+
+
+def _with_ids(split: TokenizedSplit, sources: list[list[int]], targets: list[list[int]]):
+    return TokenizedSplit(split.corpus, sources, targets,
+                          np.array([len(s) for s in sources], dtype=np.int64),
+                          np.array([len(t) for t in targets], dtype=np.int64))
+
+
+def save_segmentation(split: TokenizedSplit, path: Path) -> None:
+    """Write a split's token ids (both sides, with their lengths) atomically to ``path`` (.npz)."""
+    temporary = path.with_name(f".{path.name}.tmp.npz")
+    with open(temporary, "wb") as handle:
+        np.savez(handle, src=np.concatenate([np.asarray(s, dtype=np.int32) for s in split.sources]),
+                 tgt=np.concatenate([np.asarray(t, dtype=np.int32) for t in split.targets]),
+                 src_lengths=split.src_lengths, tgt_lengths=split.tgt_lengths)
+    os.replace(temporary, path)
+
+
+def load_segmentation(split: TokenizedSplit, path: Path) -> TokenizedSplit:
+    """``split``'s pairs with the token ids saved by :func:`save_segmentation`."""
+    try:
+        with np.load(path) as saved:
+            sides = [_unflatten(saved[side], saved[f"{side}_lengths"]) for side in ("src", "tgt")]
+    except (OSError, KeyError, ValueError) as error:
+        raise UserError(f"{path} is not a saved segmentation ({error})") from None
+    if len(sides[0]) != len(split):
+        raise UserError(f"{path} holds {len(sides[0])} pairs, the training split {len(split)}")
+    return _with_ids(split, *sides)
+
+
+def _unflatten(ids: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    ends = np.cumsum(lengths)
+    return [ids[end - length:end].tolist() for end, length in zip(ends, lengths)]

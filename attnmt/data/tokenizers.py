@@ -50,6 +50,12 @@ class SentencePieceTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.processor.encode(texts)
 
+    def sample_batch(self, texts: list[str], alpha: float, nbest: int) -> list[list[int]]:
+        """One sampled segmentation per text (subword regularisation): unigram models sample
+        from the ``nbest`` best (``-1``: all) with smoothing ``alpha``; BPE models drop
+        merges with probability ``alpha`` (BPE-dropout)."""
+        return self.processor.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest)
+
     def decode(self, ids: list[int]) -> str:
         return self.processor.decode(content_ids(ids))
 
