@@ -13,7 +13,6 @@ wall-clock minutes, so run it with nothing else on the machine.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 def train(config: str, run: Path, data_dir: str, overrides: list[str]) -> None:
     settings = [f"data.dir={data_dir}", *overrides]
-    command = [sys.executable, "-m", "attnmt", "train", config, "--run", str(run)]
+    command = [sys.executable, "-m", "attnmt", "train", config, "--run-dir", str(run)]
     for setting in settings:
         command += ["--set", setting]
     if subprocess.run(command).returncode:
@@ -30,12 +29,25 @@ def train(config: str, run: Path, data_dir: str, overrides: list[str]) -> None:
 
 
 def training_figures(run: Path) -> dict:
-    """Minutes, updates and mean logged target tokens/s from the run's log.csv."""
-    with open(run / "log.csv", newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    speeds = [float(row["tokens_per_s"]) for row in rows if row["tokens_per_s"]]
-    return {"minutes": round(float(rows[-1]["elapsed_s"]) / 60, 1), "updates": int(rows[-1]["step"]),
-            "tokens_per_s": round(sum(speeds) / len(speeds))}
+    """Training and wall minutes, updates, mean logged target tokens/s and validation BLEU
+    (greedy; the weights and, with train.ema_decay, their moving average) from log.csv."""
+    from attnmt.run import RunDirectory
+
+    log = RunDirectory(run)
+    rows = log.read_log()
+    speeds = [value for _, value in log.log_values("tokens_per_s")]
+    bleu = {column: [value for _, value in log.log_values(column)]
+            for column in ("valid_bleu", "ema_valid_bleu")}
+    figures = {"minutes": round(float(rows[-1]["train_s"]) / 60, 1),
+               "wall_minutes": round(float(rows[-1]["elapsed_s"]) / 60, 1),
+               "updates": int(rows[-1]["step"]), "tokens_per_s": round(sum(speeds) / len(speeds)),
+               "valid_bleu_last": round(bleu["valid_bleu"][-1], 2),
+               "valid_bleu_best": round(max(bleu["valid_bleu"] + bleu["ema_valid_bleu"]), 2),
+               "valid_curve": [(round(float(row["elapsed_s"]) / 60, 2), round(float(row["train_s"]) / 60, 2),
+                                int(row["step"]), float(row["valid_bleu"]),
+                                float(row["ema_valid_bleu"]) if row["ema_valid_bleu"] else None)
+                               for row in rows if row["valid_bleu"]]}
+    return figures
 
 
 def test_scores(run: Path, data_dir: str) -> dict:
@@ -71,8 +83,8 @@ def main() -> None:
     (args.run / "quality.json").write_text(json.dumps(row, indent=1) + "\n")
     print(json.dumps(row, indent=1))
     print(f"| {Path(args.config).stem} {' '.join(args.set)} | {row['parameters']:,} | {row['minutes']} "
-          f"| {row['updates']:,} | {row['tokens_per_s']:,} | {row['bleu']} | {row['chrf']} "
-          f"| {row['bleu_lc']} | {row['chrf_lc']} |")
+          f"| {row['updates']:,} | {row['tokens_per_s']:,} | {row['valid_bleu_best']} | {row['bleu']} "
+          f"| {row['chrf']} | {row['bleu_lc']} | {row['chrf_lc']} |")
 
 
 if __name__ == "__main__":
