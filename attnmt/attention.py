@@ -1,4 +1,4 @@
-"""Every attention mechanism of MECHANISMS.md section 3, behind one interface.
+"""Every attention mechanism of docs/mechanisms.md, section 3, behind one interface.
 
 Scorers implement ``score(query, key) -> (B, Tq, Tk)``; the :class:`Attention`
 base class masks the scores, normalises them with a softmax and takes the

@@ -45,9 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("-i", "--input", help="input file (default: standard input)")
     translate.add_argument("-o", "--output", help="output file (default: standard output)")
     translate.add_argument("--n-best", type=int, default=1,
-                           help="print N hypotheses per input as 'index ||| hypothesis ||| score'")
+                           help="print N hypotheses (with --sample: N samples) per input as "
+                                "'index ||| hypothesis ||| score'")
     translate.add_argument("--alignment", action="store_true",
                            help="append hard alignments (source word-target word pairs)")
+    sampling = translate.add_argument_group("sampling (instead of beam search)")
+    sampling.add_argument("--sample", action="store_true",
+                          help="draw each token from the model's distribution")
+    sampling.add_argument("--temperature", type=float, default=1.0,
+                          help="divide log-probabilities by T before sampling (default 1)")
+    sampling.add_argument("--top-k", type=int, default=0,
+                          help="sample among the K most likely tokens (default 0: all)")
+    sampling.add_argument("--top-p", type=float, default=1.0,
+                          help="sample among the smallest set of tokens whose probability "
+                               "reaches P (default 1: all)")
+    sampling.add_argument("--seed", type=int, default=0,
+                          help="the same seed gives the same samples for the same sentence")
     translate.set_defaults(handler=run_translate)
 
     evaluate = commands.add_parser("evaluate", help="translate a test set and score it",
@@ -100,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
                        help="how long a micro-batch waits for more requests")
+    serve.add_argument("--checkpoint", default="best",
+                       help="best (default), last, or a .safetensors file of this run's model")
+    serve.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
+                       help="bf16: autocast, only where the hardware runs it natively")
+    serve.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     serve.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
     serve.set_defaults(handler=run_serve)
     return parser
@@ -120,7 +138,9 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-tokens", type=int, help="source tokens per batch")
     parser.add_argument("--checkpoint", default="best",
                         help="best (default), last, or a .safetensors file of this run's model")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
+                        help="bf16: autocast, only where the hardware runs it natively")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
 
 
@@ -138,12 +158,17 @@ def load_translator(args):
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
     configure(args.threads)
-    return Translator.from_run(args.run, args.checkpoint, args.precision)
+    return Translator.from_run(args.run, args.checkpoint, args.precision, args.device)
 
 
 def run_translate(args) -> int:
     from attnmt.translator import hard_alignment
 
+    from attnmt.search import Sampling
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed) if args.sample else None
+    if args.n_best < 1:
+        raise UserError(f"--n-best must be at least 1, got {args.n_best}")
     translator = load_translator(args)
     beam = max(args.beam or translator.config.decode.beam, args.n_best)
     source = open(args.input, "rb") if args.input else sys.stdin.buffer
@@ -151,7 +176,8 @@ def run_translate(args) -> int:
     with source, target:
         for first, lines in read_chunks(source, args.input or "standard input"):
             translations = translator.translate(lines, beam, args.n_best, args.alpha,
-                                                args.batch_tokens, need_attention=args.alignment)
+                                                args.batch_tokens, need_attention=args.alignment,
+                                                sampling=sampling)
             for offset, translation in enumerate(translations):
                 for hypothesis in translation.hypotheses[:args.n_best]:
                     fields = [hypothesis.text]
@@ -218,11 +244,13 @@ def run_experiment(args) -> int:
 
 def run_serve(args) -> int:
     from attnmt.serve import Limits, serve
+    from attnmt.translator import Translator
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best)
     configure(args.threads)
+    translator = Translator.from_run(args.run, args.checkpoint, args.precision, args.device)
     print(f"serving {args.run} on http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(args.run, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms)
+    serve(translator, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``attnmt experiment NAME``: the claims of MECHANISMS.md section 8, one function each.
+"""``attnmt experiment NAME``: the claims of the notes (docs/experiments.md), one function each.
 
 Every experiment trains (or measures) its variants with the same data, seed and budget,
 and writes into its output folder ``results.json`` (raw numbers), PNG figures and
@@ -15,23 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import matplotlib
+import torch
+import yaml
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import yaml  # noqa: E402
-
-from attnmt.config import ModelConfig, config_from_dict  # noqa: E402
-from attnmt.data import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
-from attnmt.data.batching import pad, source_tensor  # noqa: E402
-from attnmt.data.datasets import load_split  # noqa: E402
-from attnmt.errors import UserError  # noqa: E402
-from attnmt.evaluate import bleu_by_length, corpus_bleu  # noqa: E402
-from attnmt.masks import padding_mask, target_mask  # noqa: E402
-from attnmt.model import build_model  # noqa: E402
-from attnmt.train import train_config  # noqa: E402
-from attnmt.translator import Translator  # noqa: E402
+from attnmt.config import ModelConfig, config_from_dict
+from attnmt.data import BOS_ID, EOS_ID, PAD_ID
+from attnmt.data.batching import pad, source_tensor
+from attnmt.data.datasets import load_split
+from attnmt.errors import UserError
+from attnmt.evaluate import bleu_by_length, corpus_bleu
+from attnmt.masks import padding_mask, target_mask
+from attnmt.model import build_model
+from attnmt.run import RunDirectory
+from attnmt.train import train_config
+from attnmt.translator import Translator
 
 
 @dataclass
@@ -80,11 +78,7 @@ def test_bleu(translator: Translator, sources: list[str], references: list[str])
 
 def perplexity(run: Path) -> float:
     """The last validation perplexity in a run's log."""
-    with open(run / "log.csv") as handle:
-        rows = [line.split(",") for line in handle.read().splitlines()]
-    header = rows[0]
-    values = [row[header.index("valid_ppl")] for row in rows[1:] if row[header.index("valid_ppl")]]
-    return float(values[-1])
+    return RunDirectory(run).log_values("valid_ppl")[-1][1]
 
 
 def joined(corpus, count: int) -> tuple[list[str], list[str]]:
@@ -98,7 +92,8 @@ def joined(corpus, count: int) -> tuple[list[str], list[str]]:
 
 def line_figure(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
                 log_x: bool = False, log_y: bool = False) -> str:
-    figure, axes = plt.subplots(figsize=(6, 4), layout="constrained")
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.subplots()
     for label, (xs, ys) in series.items():
         axes.plot(xs, ys, marker="o", label=label)
     axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -109,7 +104,6 @@ def line_figure(path: Path, title: str, xlabel: str, ylabel: str, series: dict[s
     axes.grid(alpha=0.3)
     axes.legend()
     figure.savefig(path, dpi=90)
-    plt.close(figure)
     return path.name
 
 
@@ -255,9 +249,7 @@ def scorers(setting: Setting) -> Result:
         start = time.perf_counter()
         bleu, _ = test_bleu(translator, test.source, test.target)
         sentences_per_s = len(test.source) / (time.perf_counter() - start)
-        with open(setting.out / "runs" / run / "log.csv") as handle:
-            lines = [line.split(",") for line in handle.read().splitlines()]
-        speeds = [float(row[4]) for row in lines[1:] if row[4]]
+        speeds = [value for _, value in RunDirectory(setting.out / "runs" / run).log_values("tokens_per_s")]
         rows.append([name, translator.model.num_parameters(), round(bleu, 2),
                      round(perplexity(setting.out / "runs" / run), 2),
                      round(sum(speeds) / len(speeds)) if speeds else "n/a", round(sentences_per_s)])

@@ -1,22 +1,21 @@
 """Attention heatmaps: source tokens on the x axis, output tokens on the y axis.
 
-RNN models give one matrix; the Transformer gives a grid over layers and heads (with
-the head average as the last column), for cross-attention and, on request, for the
-encoder and decoder self-attention.
+Attention is a grid over layers and heads: one matrix for an RNN (one layer, one
+head), a layer x head grid with the head average as the last column for the
+Transformer, for cross-attention and, on request, for the encoder and decoder
+self-attention. Figures are drawn with matplotlib's object-oriented ``Figure``, so no
+backend (and no display) is needed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import torch
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import torch  # noqa: E402
-
-from attnmt.errors import UserError  # noqa: E402
-from attnmt.translator import Translation, Translator  # noqa: E402
+from attnmt.errors import UserError
+from attnmt.translator import Translation, Translator
 
 EOS_LABEL = "</s>"
 
@@ -30,37 +29,34 @@ def draw_matrix(axes, weights: torch.Tensor, columns: list[str], rows: list[str]
         axes.set_title(title, fontsize=9)
 
 
-def cross_attention_figure(translation: Translation):
+def cross_attention_figure(translation: Translation) -> Figure:
     """The figure for the best hypothesis's attention over the source."""
     hypothesis = translation.best
     if hypothesis.attention is None:
         raise UserError("this model has no attention to draw (decoder: none)")
     columns = translation.source_tokens + [EOS_LABEL]
     rows = hypothesis.tokens + [EOS_LABEL]
-    attention = hypothesis.attention                          # (T, S) or (T, layers, heads, S)
-    if attention.dim() == 2:
-        figure, axes = plt.subplots(figsize=(2.0 + 0.45 * len(columns), 2.0 + 0.4 * len(rows)),
-                                    layout="constrained")
-        draw_matrix(axes, attention, columns, rows, "attention")
-        return figure
-    return _grid(attention.permute(1, 2, 0, 3), columns, rows, "cross-attention")
+    return _grid(hypothesis.attention.permute(1, 2, 0, 3), columns, rows, "cross-attention")
 
 
-def _grid(weights: torch.Tensor, columns: list[str], rows: list[str], name: str):
-    """``weights (layers, heads, rows, columns)`` -> a grid with the head average last."""
+def _grid(weights: torch.Tensor, columns: list[str], rows: list[str], name: str) -> Figure:
+    """``weights (layers, heads, rows, columns)`` -> one heatmap per layer and head, with the
+    head average as a last column when there are several heads."""
     layers, heads = weights.shape[:2]
+    panels = heads + 1 if heads > 1 else 1
     size = (2.0 + 0.3 * len(columns), 2.0 + 0.3 * len(rows))
-    figure, grid = plt.subplots(layers, heads + 1, squeeze=False, layout="constrained",
-                                figsize=(size[0] * (heads + 1), size[1] * layers))
+    figure = Figure(figsize=(size[0] * panels, size[1] * layers), layout="constrained")
+    grid = figure.subplots(layers, panels, squeeze=False)
     for layer in range(layers):
-        for head in range(heads + 1):
+        for head in range(panels):
             matrix = weights[layer, head] if head < heads else weights[layer].mean(dim=0)
             label = f"head {head + 1}" if head < heads else "average"
-            draw_matrix(grid[layer][head], matrix, columns, rows, f"{name} layer {layer + 1}, {label}")
+            title = name if layers == heads == 1 else f"{name} layer {layer + 1}, {label}"
+            draw_matrix(grid[layer][head], matrix, columns, rows, title)
     return figure
 
 
-def self_attention_figures(translator: Translator, translation: Translation):
+def self_attention_figures(translator: Translator, translation: Translation) -> tuple[Figure, Figure]:
     """Encoder and decoder self-attention grids of a Transformer translation."""
     encoder_weights, decoder_weights = translator.self_attention(translation)
     source = translation.source_tokens + [EOS_LABEL]
@@ -69,11 +65,10 @@ def self_attention_figures(translator: Translator, translation: Translation):
             _grid(decoder_weights, target, target, "decoder self-attention"))
 
 
-def save(figure, path: str | Path) -> Path:
+def save(figure: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path
 
 

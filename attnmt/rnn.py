@@ -1,4 +1,4 @@
-"""Recurrent encoder-decoders: MECHANISMS.md sections 2 and 4.
+"""Recurrent encoder-decoders: docs/mechanisms.md, sections 2 and 4.
 
 * :class:`RNNEncoder`: RNN / GRU / LSTM, stacked, optionally bidirectional
   (``h_j = [h_j(forward); h_j(backward)]``), packed so padding never enters a state.
@@ -74,7 +74,7 @@ class EncoderOutput:
 
 
 class RNNEncoder(nn.Module):
-    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
+    def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
                  bidirectional: bool, dropout: float, pad_id: int):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
@@ -105,7 +105,7 @@ class RNNEncoder(nn.Module):
 class RNNDecoderBase(nn.Module):
     """Embedding, recurrent stack, bridge and output size shared by the three decoders."""
 
-    def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
+    def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
                  encoder_dim: int, input_dim: int, dropout: float, pad_id: int):
         super().__init__()
         self.layers, self.hidden_dim, self.is_lstm = layers, hidden_dim, cell == "lstm"
@@ -139,10 +139,11 @@ class RNNDecoderBase(nn.Module):
         return output.squeeze(1), RNNState(hidden, cell, state.feed)
 
     def attend(self, query: torch.Tensor, memory: RNNMemory) -> tuple[torch.Tensor, torch.Tensor]:
-        """``query (B, H)`` -> context ``(B, Dk)`` and weights ``(B, S)``."""
+        """``query (B, H)`` -> context ``(B, Dk)`` and weights ``(B, 1, 1, S)``: the attention of
+        every model has the shape (batch, layers, heads, source); an RNN has one of each."""
         context, weights = self.attention(query.unsqueeze(1), memory.states, memory.states,
                                           memory.mask, prepared_keys=memory.keys)
-        return context.squeeze(1), weights.squeeze(1)
+        return context.squeeze(1), weights.unsqueeze(1)
 
     def step(self, prev_tokens, state, memory, need_attention=True):
         raise NotImplementedError
@@ -160,9 +161,11 @@ class RNNDecoderBase(nn.Module):
 class PlainDecoder(RNNDecoderBase):
     """No attention: ``s_t = f(s_{t-1}, y_{t-1})``, ``s_0`` from the final encoder state."""
 
-    def __init__(self, vocab_size, embed_dim, hidden_dim, layers, cell, encoder_dim, dropout, pad_id):
-        super().__init__(vocab_size, embed_dim, hidden_dim, layers, cell, encoder_dim,
-                         embed_dim, dropout, pad_id)
+    def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
+                 encoder_dim: int, dropout: float, pad_id: int):
+        super().__init__(vocab_size=vocab_size, embed_dim=embed_dim, hidden_dim=hidden_dim,
+                         layers=layers, cell=cell, encoder_dim=encoder_dim, input_dim=embed_dim,
+                         dropout=dropout, pad_id=pad_id)
 
     def step(self, prev_tokens, state, memory, need_attention=True):
         """``prev_tokens (B,)`` -> ``(output (B, H), state, None)``."""
@@ -175,15 +178,16 @@ class BahdanauDecoder(RNNDecoderBase):
     """RNNsearch: ``e_ij = a(s_{i-1}, h_j)``, ``s_i = f(s_{i-1}, [y_{i-1}; c_i])``,
     output ``maxout(U s_i + V y_{i-1} + C c_i)``."""
 
-    def __init__(self, vocab_size, embed_dim, hidden_dim, layers, cell, encoder_dim, dropout,
-                 pad_id, attention: Attention):
-        super().__init__(vocab_size, embed_dim, hidden_dim, layers, cell, encoder_dim,
-                         embed_dim + encoder_dim, dropout, pad_id)
+    def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
+                 encoder_dim: int, dropout: float, pad_id: int, attention: Attention):
+        super().__init__(vocab_size=vocab_size, embed_dim=embed_dim, hidden_dim=hidden_dim,
+                         layers=layers, cell=cell, encoder_dim=encoder_dim,
+                         input_dim=embed_dim + encoder_dim, dropout=dropout, pad_id=pad_id)
         self.attention = attention
         self.readout = nn.Linear(hidden_dim + embed_dim + encoder_dim, 2 * hidden_dim)
 
     def step(self, prev_tokens, state, memory, need_attention=True):
-        """``prev_tokens (B,)`` -> ``(output (B, H), state, weights (B, S))``."""
+        """``prev_tokens (B,)`` -> ``(output (B, H), state, weights (B, 1, 1, S))``."""
         state = memory.initial if state is None else state
         embedded = self.dropout(self.embedding(prev_tokens))
         context, weights = self.attend(state.hidden[-1], memory)          # from s_{i-1}
@@ -197,11 +201,13 @@ class LuongDecoder(RNNDecoderBase):
     """Luong 2015: ``s_t = f(s_{t-1}, [y_{t-1}; h~_{t-1}])`` (input feeding),
     ``a_t = attention(s_t, h)``, ``h~_t = tanh(W_c [a_t; s_t])``."""
 
-    def __init__(self, vocab_size, embed_dim, hidden_dim, layers, cell, encoder_dim, dropout,
-                 pad_id, attention: Attention, input_feeding: bool):
-        input_dim = embed_dim + (hidden_dim if input_feeding else 0)
-        super().__init__(vocab_size, embed_dim, hidden_dim, layers, cell, encoder_dim,
-                         input_dim, dropout, pad_id)
+    def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int, layers: int, cell: str,
+                 encoder_dim: int, dropout: float, pad_id: int, attention: Attention,
+                 input_feeding: bool):
+        super().__init__(vocab_size=vocab_size, embed_dim=embed_dim, hidden_dim=hidden_dim,
+                         layers=layers, cell=cell, encoder_dim=encoder_dim,
+                         input_dim=embed_dim + (hidden_dim if input_feeding else 0),
+                         dropout=dropout, pad_id=pad_id)
         self.attention = attention
         self.input_feeding = input_feeding
         self.combine = nn.Linear(encoder_dim + hidden_dim, hidden_dim, bias=False)   # W_c
@@ -213,7 +219,7 @@ class LuongDecoder(RNNDecoderBase):
         return state
 
     def step(self, prev_tokens, state, memory, need_attention=True):
-        """``prev_tokens (B,)`` -> ``(attentional state (B, H), state, weights (B, S))``."""
+        """``prev_tokens (B,)`` -> ``(attentional state (B, H), state, weights (B, 1, 1, S))``."""
         state = memory.initial if state is None else state
         inputs = self.dropout(self.embedding(prev_tokens))
         if self.input_feeding:

@@ -1,4 +1,5 @@
-"""Decoding: model-agnostic through ``decode_step`` and ``index_select``.
+"""Decoding: greedy, beam and sampling search, model-agnostic through ``decode_step`` and
+``index_select``.
 
 Search never looks at the model type: it encodes once, feeds the previous tokens to
 ``model.decode_step`` and reorders ``state`` and ``memory`` with ``index_select``.
@@ -7,11 +8,14 @@ Sentences that finish leave the batch, so the remaining ones decode faster.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from attnmt.data import BOS_ID, EOS_ID
+from attnmt.data import BOS_ID, EOS_ID, PAD_ID
+from attnmt.errors import UserError
 
 
 @dataclass
@@ -19,7 +23,7 @@ class Hypothesis:
     tokens: list[int]                       # output ids, without BOS and EOS
     score: float                            # search score (log-probability, length-normalised in beam)
     log_prob: float                         # sum of token log-probabilities, EOS included
-    attention: torch.Tensor | None = None   # (T, S) for RNNs, (T, layers, heads, S) for Transformers
+    attention: torch.Tensor | None = None   # (T, layers, heads, S), EOS included
 
 
 def max_output_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
@@ -37,10 +41,90 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
     ``src (B, S)``, ``src_mask (B, 1, S)``. A sentence stops at EOS, which is forced at its
     maximum length (``max_len_a * source length + max_len_b`` tokens, EOS included).
     """
+    return _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
+                     lambda log_probs, rows, step: log_probs.argmax(dim=-1))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How :func:`sample_search` draws each token: the model's distribution with its
+    log-probabilities divided by ``temperature``, cut to the ``top_k`` most likely tokens
+    (0: all) and to the smallest set whose mass reaches ``top_p`` (1: all), renormalised."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0.0 < self.temperature < float("inf"):
+            raise UserError(f"temperature must be positive, got {self.temperature}")
+        if self.top_k < 0:
+            raise UserError(f"top-k must be >= 0 (0: all tokens), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.seed < 0:
+            raise UserError(f"seed must be >= 0, got {self.seed}")
+
+
+def sampling_distribution(log_probs: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """``log_probs (N, V)`` -> the probabilities to sample from ``(N, V)``, rows summing to 1."""
+    probs = torch.softmax(log_probs / sampling.temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if sampling.top_k:
+        keep[:, sampling.top_k:] = False
+    if sampling.top_p < 1.0:                # keep a token while the mass before it is below p
+        keep &= (sorted_probs.cumsum(dim=-1) - sorted_probs) < sampling.top_p
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+@torch.no_grad()
+def sample_search(model, src: torch.Tensor, src_mask: torch.Tensor, sampling: Sampling = Sampling(),
+                  samples: int = 1, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
+                  need_attention: bool = False) -> list[list[Hypothesis]]:
+    """``samples`` outputs per source sentence, drawn token by token from
+    :func:`sampling_distribution`; each sentence's list is sorted by log-probability.
+
+    The random numbers of a sample depend only on ``sampling.seed``, the sentence's source
+    tokens and the sample's number, so a sentence gets the same samples alone or in any
+    batch. ``score`` and ``log_prob`` are the model's own (untempered) log-probability.
+    """
+    batch = src.size(0)
+    rows = torch.arange(batch, device=src.device).repeat_interleave(samples)
+    src, src_mask = src.index_select(0, rows), src_mask.index_select(0, rows)
+    generators = [_generator(sampling.seed, source, number % samples)
+                  for number, source in enumerate(src.tolist())]
+
+    def pick(log_probs: torch.Tensor, rows: list[int], step: int) -> torch.Tensor:
+        probs = sampling_distribution(log_probs, sampling)
+        uniform = torch.tensor([generators[row].random() for row in rows], dtype=probs.dtype,
+                               device=probs.device)
+        cumulative = probs.cumsum(dim=-1)
+        chosen = torch.searchsorted(cumulative, (uniform * cumulative[:, -1]).unsqueeze(1),
+                                    right=True)      # the first token whose mass passes u
+        return chosen.squeeze(1).clamp_max(probs.size(-1) - 1)
+
+    found = _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention, pick)
+    return [sorted(found[i * samples:(i + 1) * samples], key=lambda h: -h.log_prob)
+            for i in range(batch)]
+
+
+def _generator(seed: int, source: list[int], number: int) -> np.random.Generator:
+    """The random stream of one sample of one source sentence (padding not included)."""
+    tokens = np.asarray([token for token in source if token != PAD_ID], dtype=np.int64)
+    return np.random.default_rng([seed, zlib.crc32(tokens.tobytes()), number])
+
+
+def _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
+              pick) -> list[Hypothesis]:
+    """Decode one output per row, choosing each token with ``pick(log_probs (N, V), original
+    rows, step) -> (N,)``. Ended rows leave the batch once they are a quarter of it, not
+    one by one: every batch size is a new matrix shape, and bf16 kernels are built per shape."""
     memory = model.encode(src, src_mask)
     limits = max_output_lengths(src_mask, max_len_a, max_len_b)
     batch = src.size(0)
-    rows = torch.arange(batch)                         # original sentence of each row
+    rows = torch.arange(batch)                         # original row of each current row
     done = torch.zeros(batch, dtype=torch.bool)        # rows whose sentence has ended
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     tokens, log_probs_sum = [[] for _ in range(batch)], [0.0] * batch
@@ -49,27 +133,26 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
     for step in range(int(limits.max())):
         log_probs, state, step_attention = model.decode_step(prev, state, memory, need_attention)
         log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist()).squeeze(1)
-        best_log_prob, best = log_probs.max(dim=-1)
-        step_tokens, step_log_probs = best.tolist(), best_log_prob.tolist()
-        for row, (sentence, ended) in enumerate(zip(rows.tolist(), done.tolist())):
+        chosen = pick(log_probs, rows.tolist(), step)
+        chosen_log_probs = log_probs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+        step_tokens, step_log_probs = chosen.tolist(), chosen_log_probs.tolist()
+        for row, (original, ended) in enumerate(zip(rows.tolist(), done.tolist())):
             if ended:
                 continue
-            log_probs_sum[sentence] += step_log_probs[row]
+            log_probs_sum[original] += step_log_probs[row]
             if step_tokens[row] != EOS_ID:
-                tokens[sentence].append(step_tokens[row])
+                tokens[original].append(step_tokens[row])
             if step_attention is not None:
-                attention[sentence].append(step_attention[row].float().cpu())
-        done |= (best == EOS_ID).cpu()
+                attention[original].append(step_attention[row].float().cpu())
+        done |= (chosen == EOS_ID).cpu()
         if done.all():
             break
-        # Ended rows leave the batch once they are a quarter of it, not one by one: every
-        # batch size is a new matrix shape, and bf16 kernels are built per shape.
         if 4 * int(done.sum()) >= len(rows):
             keep = (~done).nonzero().squeeze(1)
             on_device = keep.to(src.device)
             state, memory = state.index_select(on_device), memory.index_select(on_device)
-            rows, best, done = rows[keep], best[on_device], done[keep]
-        prev = best
+            rows, chosen, done = rows[keep], chosen[on_device], done[keep]
+        prev = chosen
     return [Hypothesis(tokens[i], log_probs_sum[i], log_probs_sum[i],
                        torch.stack(attention[i]) if attention[i] else None) for i in range(batch)]
 

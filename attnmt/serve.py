@@ -21,9 +21,10 @@ from importlib import resources
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from attnmt.errors import UserError
+from attnmt.search import Sampling
 from attnmt.translator import Translation, Translator
 
 logger = logging.getLogger("attnmt.serve")
@@ -37,6 +38,15 @@ class Limits:
     max_n_best: int = 10
 
 
+class SampleRequest(BaseModel):
+    """Sampling instead of beam search: ``n_best`` samples per text."""
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(1.0, gt=0, le=100)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = Field(0, ge=0, lt=2 ** 63)
+
+
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str | None = None
@@ -44,6 +54,7 @@ class TranslateRequest(BaseModel):
     beam: int | None = None
     n_best: int = 1
     alpha: float | None = None
+    sample: SampleRequest | None = None
     attention: bool = False
     self_attention: bool = False
 
@@ -68,7 +79,11 @@ def check_request(request: TranslateRequest, limits: Limits, default_beam: int) 
     beam = default_beam if request.beam is None else request.beam
     if not 1 <= beam <= limits.max_beam:
         raise LimitError(422, f"beam must be between 1 and max_beam {limits.max_beam}, got {beam}")
-    if not 1 <= request.n_best <= min(beam, limits.max_n_best):
+    if request.sample is not None:
+        if not 1 <= request.n_best <= limits.max_n_best:
+            raise LimitError(422, f"n_best (samples) must be between 1 and max_n_best "
+                                  f"{limits.max_n_best}, got {request.n_best}")
+    elif not 1 <= request.n_best <= min(beam, limits.max_n_best):
         raise LimitError(422, f"n_best must be between 1 and min(beam, max_n_best "
                               f"{limits.max_n_best}) = {min(beam, limits.max_n_best)}, "
                               f"got {request.n_best}")
@@ -82,6 +97,7 @@ class Options:
     n_best: int
     alpha: float | None
     attention: bool
+    sampling: Sampling | None = None
 
 
 @dataclass
@@ -143,7 +159,8 @@ class MicroBatcher:
 async def run_translation(translator: Translator, executor, texts: list[str], options: Options):
     return await asyncio.get_running_loop().run_in_executor(
         executor, lambda: translator.translate(texts, options.beam, options.n_best, options.alpha,
-                                               need_attention=options.attention))
+                                               need_attention=options.attention,
+                                               sampling=options.sampling))
 
 
 def nested_lists(weights) -> list:
@@ -153,10 +170,8 @@ def nested_lists(weights) -> list:
 
 
 def attention_grid(weights) -> list:
-    """Cross-attention as ``[layer][head][target][source]``: RNN ``(T, S)`` is one layer, one
-    head; Transformer ``(T, layers, heads, S)``."""
-    weights = weights[None, None] if weights.dim() == 2 else weights.permute(1, 2, 0, 3)
-    return nested_lists(weights)
+    """Cross-attention ``(T, layers, heads, S)`` as ``[layer][head][target][source]``."""
+    return nested_lists(weights.permute(1, 2, 0, 3))
 
 
 def describe(translation: Translation, attention: bool, self_attention=None) -> dict:
@@ -175,15 +190,14 @@ def describe(translation: Translation, attention: bool, self_attention=None) -> 
 
 
 def model_info(translator: Translator) -> dict:
-    config = translator.config
-    return {"arch": config.model.arch,
-            "decoder": config.model.decoder if config.model.arch == "rnn" else "transformer",
-            "src_lang": config.data.src_lang, "tgt_lang": config.data.tgt_lang,
-            "parameters": translator.model.num_parameters(),
-            "layers": config.model.decoder_layers,
-            "heads": config.model.heads if config.model.arch == "transformer" else 1,
-            "has_attention": config.model.arch == "transformer" or config.model.decoder != "none",
-            "config": config.to_dict()}
+    """What a client needs to know: languages, size, and what the model can show."""
+    model, config = translator.model, translator.config
+    layers, heads = model.attention_grid or (0, 0)
+    return {"model": model.description, "src_lang": config.data.src_lang,
+            "tgt_lang": config.data.tgt_lang, "parameters": model.num_parameters(),
+            "has_attention": model.attention_grid is not None, "layers": layers, "heads": heads,
+            "has_self_attention": model.has_self_attention,
+            "max_source_tokens": model.max_source_tokens, "default_beam": config.decode.beam}
 
 
 def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: bool = True,
@@ -217,10 +231,11 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
     async def translate(request: TranslateRequest):
         try:
             texts = check_request(request, limits, default_beam)
-            if request.self_attention and info["arch"] != "transformer":
-                raise LimitError(422, "self_attention exists only in Transformer models")
+            if request.self_attention and not info["has_self_attention"]:
+                raise LimitError(422, "self_attention: this model has no self-attention")
+            sampling = None if request.sample is None else Sampling(**request.sample.model_dump())
             options = Options(request.beam or default_beam, request.n_best, request.alpha,
-                              request.attention or request.self_attention)
+                              request.attention or request.self_attention, sampling)
             if batcher is not None:
                 translations = await batcher.translate(texts, options)
             else:
@@ -245,8 +260,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
     return app
 
 
-def serve(run: str, host: str, port: int, limits: Limits, micro_batch: bool, wait_ms: float) -> None:
+def serve(translator: Translator, host: str, port: int, limits: Limits, micro_batch: bool,
+          wait_ms: float) -> None:
     import uvicorn
 
-    app = create_app(Translator.from_run(run), limits, micro_batch, wait_ms)
+    app = create_app(translator, limits, micro_batch, wait_ms)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,4 +1,4 @@
-"""The Transformer (Vaswani et al. 2017): MECHANISMS.md section 5.
+"""The Transformer (Vaswani et al. 2017): docs/mechanisms.md, section 5.
 
 Encoder layer: self-attention, then the position-wise FFN; decoder layer: masked
 self-attention, cross-attention over the encoder output, FFN. Each sub-layer is
@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnmt.dropout import Dropout
-
 from attnmt.attention import KVCache, MultiHeadAttention
+from attnmt.dropout import Dropout
 from attnmt.errors import UserError
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]       # (B, H, T, D/H) each
@@ -40,8 +39,8 @@ def sinusoidal_table(positions: int, d_model: int) -> torch.Tensor:
 class Embedder(nn.Module):
     """Token embedding scaled by ``sqrt(d_model)`` plus positions, then dropout."""
 
-    def __init__(self, vocab_size: int, d_model: int, max_positions: int, learned_positions: bool,
-                 dropout: float, pad_id: int):
+    def __init__(self, *, vocab_size: int, d_model: int, max_positions: int,
+                 learned_positions: bool, dropout: float, pad_id: int):
         super().__init__()
         self.scale = math.sqrt(d_model)
         self.max_positions = max_positions
@@ -94,14 +93,32 @@ class SublayerNorm(nn.Module):
         return x if self.pre_norm else self.norm(x)
 
 
+@dataclass(frozen=True)
+class LayerSettings:
+    """The sizes and regularisation of one encoder or decoder layer (built with keywords)."""
+    d_model: int
+    heads: int
+    ffn_dim: int
+    dropout: float                       # on every sub-layer's output
+    attention_dropout: float             # on attention weights
+    ffn_dropout: float                   # on the FFN's hidden layer
+    pre_norm: bool                       # LayerNorm before each sub-layer (else after the residual)
+    scaled: bool = True                  # 1/sqrt(d_k) in the attention scores
+
+    def attention(self) -> MultiHeadAttention:
+        return MultiHeadAttention(self.d_model, self.heads, self.attention_dropout, scaled=self.scaled)
+
+    def sublayer_norm(self) -> "SublayerNorm":
+        return SublayerNorm(self.d_model, self.dropout, self.pre_norm)
+
+
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm,
-                 scaled=True):
+    def __init__(self, settings: LayerSettings):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, scaled=scaled)
-        self.ffn = FeedForward(d_model, ffn_dim, ffn_dropout)
-        self.attn_norm = SublayerNorm(d_model, dropout, pre_norm)
-        self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
+        self.self_attn = settings.attention()
+        self.ffn = FeedForward(settings.d_model, settings.ffn_dim, settings.ffn_dropout)
+        self.attn_norm = settings.sublayer_norm()
+        self.ffn_norm = settings.sublayer_norm()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False):
         """``x (B, S, D)``, ``mask (B, 1, S)`` -> ``(x, weights (B, H, S, S) or None)``."""
@@ -112,15 +129,14 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ffn_dim, dropout, attention_dropout, ffn_dropout, pre_norm,
-                 scaled=True):
+    def __init__(self, settings: LayerSettings):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout, scaled=scaled)
-        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, scaled=scaled)
-        self.ffn = FeedForward(d_model, ffn_dim, ffn_dropout)
-        self.self_norm = SublayerNorm(d_model, dropout, pre_norm)
-        self.cross_norm = SublayerNorm(d_model, dropout, pre_norm)
-        self.ffn_norm = SublayerNorm(d_model, dropout, pre_norm)
+        self.self_attn = settings.attention()
+        self.cross_attn = settings.attention()
+        self.ffn = FeedForward(settings.d_model, settings.ffn_dim, settings.ffn_dropout)
+        self.self_norm = settings.sublayer_norm()
+        self.cross_norm = settings.sublayer_norm()
+        self.ffn_norm = settings.sublayer_norm()
 
     def forward(self, x: torch.Tensor, self_mask: torch.Tensor | None, cross_kv: KeyValue,
                 memory_mask: torch.Tensor, cache: KVCache | None = None,
@@ -163,16 +179,13 @@ class TransformerMemory:
 
 
 class TransformerEncoder(nn.Module):
-    def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
-                 attention_dropout, ffn_dropout, pre_norm, scaled=True):
+    def __init__(self, embedder: Embedder, layers: int, settings: LayerSettings):
         super().__init__()
         self.embedder = embedder
         self.embedding = embedder.tokens                 # for embedding tying
-        self.layers = nn.ModuleList(EncoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
-                                                 ffn_dropout, pre_norm, scaled)
-                                    for _ in range(layers))
-        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.output_dim = d_model
+        self.layers = nn.ModuleList(EncoderLayer(settings) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(settings.d_model) if settings.pre_norm else nn.Identity()
+        self.output_dim = settings.d_model
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor, need_weights: bool = False):
         """``src (B, S)`` -> states ``(B, S, D)``; with ``need_weights`` also the per-layer
@@ -186,16 +199,13 @@ class TransformerEncoder(nn.Module):
 
 
 class TransformerDecoder(nn.Module):
-    def __init__(self, embedder: Embedder, layers: int, d_model, heads, ffn_dim, dropout,
-                 attention_dropout, ffn_dropout, pre_norm, scaled=True):
+    def __init__(self, embedder: Embedder, layers: int, settings: LayerSettings):
         super().__init__()
         self.embedder = embedder
         self.embedding = embedder.tokens                 # for embedding tying
-        self.layers = nn.ModuleList(DecoderLayer(d_model, heads, ffn_dim, dropout, attention_dropout,
-                                                 ffn_dropout, pre_norm, scaled)
-                                    for _ in range(layers))
-        self.final_norm = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
-        self.output_dim = d_model
+        self.layers = nn.ModuleList(DecoderLayer(settings) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(settings.d_model) if settings.pre_norm else nn.Identity()
+        self.output_dim = settings.d_model
 
     def init_memory(self, states: torch.Tensor, src_mask: torch.Tensor) -> TransformerMemory:
         """Cross-attention keys and values, once per source."""

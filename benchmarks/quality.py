@@ -13,6 +13,7 @@ wall-clock minutes, so run it with nothing else on the machine.
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import subprocess
 import sys
@@ -74,7 +75,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--run", required=True, type=Path)
-    parser.add_argument("--data-dir", default="../shared/data/multi30k")
+    parser.add_argument("--data-dir", default=os.environ.get("ATTNMT_DATA", ""),
+                        help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
     args = parser.parse_args()
     train(args.config, args.run, args.data_dir, args.set)

@@ -113,7 +113,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--jemalloc", help="path of libjemalloc.so.2 to preload (corpus only)")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
+                        help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     args = parser.parse_args()
     corpus(args) if args.what == "corpus" else ddp(args)
 

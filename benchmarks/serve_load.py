@@ -10,6 +10,7 @@ failed or lost requests, throughput and p50/p99 latency.
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import socket
 import subprocess
@@ -19,7 +20,6 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -79,7 +79,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
+                        help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     args = parser.parse_args()
     from attnmt.config import load_config
     from attnmt.data.corpus import find_language_file, read_lines

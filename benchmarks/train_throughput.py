@@ -1,7 +1,7 @@
 """Training throughput (target tokens/s) and peak RSS of presets on real Multi30k batches.
 
     python benchmarks/train_throughput.py [--configs configs/multi30k_de_en_transformer.yaml ...]
-        [--precisions fp32 bf16] [--steps 60] [--warmup-steps 10] [--data ../shared/data/multi30k]
+        [--precisions fp32 bf16] [--steps 60] [--warmup-steps 10] [--data DIR (default: $ATTNMT_DATA)]
         [--set section.key=value ...]
 
 Each (config, precision) runs in its own process: it trains the tokenizer (not timed),
@@ -14,6 +14,7 @@ include ``torch.compile``'s compilation with ``--set train.compile=true``.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import tempfile
@@ -65,7 +66,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
+                        help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="config override for every measured run (repeatable)")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)

@@ -10,13 +10,13 @@ prints sacreBLEU of the output, so a faster setting can be checked for quality.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from child import measure_in_child, print_measurement
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(run: str, beam: int, precision: str, data: str, threads: int) -> dict:
@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data", default=str(ROOT.parent / "shared/data/multi30k"))
+    parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
+                        help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:

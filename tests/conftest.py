@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -112,3 +115,17 @@ def tiny_runs(tmp_path_factory):
     return {"transformer": train(config, folder / "transformer", steps + ["model.max_positions=40"]),
             "rnn": train(config, folder / "rnn", steps + rnn),
             "none": train(config, folder / "none", steps + rnn + ["model.decoder=none"])}
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The Multi30k folder named by $ATTNMT_DATA. Without it a test skips, except in CI
+    (``CI=true``), which provides the data: there a missing folder fails the run."""
+    folder = Path(os.environ.get("ATTNMT_DATA", "")).expanduser()
+    if os.environ.get("ATTNMT_DATA") and (folder / "val.de.gz").is_file():
+        return folder
+    message = (f"Multi30k not found (ATTNMT_DATA={os.environ.get('ATTNMT_DATA', '')!r}); "
+               "set ATTNMT_DATA to the folder of its .gz files")
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message + " (CI provides it: a missing folder is an error there)")
+    pytest.skip(message)

@@ -1,6 +1,6 @@
 import pytest
 
-from attnmt.config import ModelConfig, load_config, save_config
+from attnmt.config import Config, ModelConfig, load_config, save_config
 from attnmt.errors import UserError
 
 
@@ -71,3 +71,18 @@ def test_numbers_preset_is_the_demo_config():
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "numbers_de_en.yaml"
     assert load_config(preset) == demo_config()
+
+
+def test_configuration_document_lists_every_key_with_its_default():
+    from pathlib import Path
+
+    import yaml
+
+    document = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" `")
+            for line in document.splitlines() if line.startswith("| `")}
+    for section, values in Config().to_dict().items():
+        for key, default in values.items():
+            name = f"{section}.{key}"
+            assert name in rows, f"docs/configuration.md does not list {name}"
+            assert yaml.safe_load(rows[name] or "''") == default, f"{name}: documented {rows[name]!r}"

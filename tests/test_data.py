@@ -17,9 +17,6 @@ from attnmt.data.numbers import numbers_corpus, split_integers
 from attnmt.data.tokenizers import load_tokenizers, save_tokenizers, train_tokenizers
 from attnmt.errors import UserError
 
-SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-needs_multi30k = pytest.mark.skipif(not SHARED_MULTI30K.is_dir(),
-                                    reason=f"Multi30k data not found at {SHARED_MULTI30K}")
 
 
 def write(path: Path, lines: list[str], compress: bool = False) -> Path:
@@ -214,9 +211,8 @@ def test_files_dataset_needs_its_paths():
         load_split(DataConfig(dataset="files"), "train")
 
 
-@needs_multi30k
-def test_multi30k_from_local_folder():
-    corpus = read_multi30k("valid", "de", "en", str(SHARED_MULTI30K))
+def test_multi30k_from_local_folder(multi30k_dir):
+    corpus = read_multi30k("valid", "de", "en", str(multi30k_dir))
     assert len(corpus) == 1014 and corpus.name == "multi30k/val"
 
 

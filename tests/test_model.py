@@ -45,12 +45,14 @@ def test_masked_source_positions_get_zero_attention(arch_name):
     if ARCHITECTURES[arch_name].get("decoder") == "none":
         assert all(attention is None for attention in attentions)
         return
+    layers, heads = model.attention_grid
     for attention in attentions:
-        padded = ~src_mask[:, 0]                                             # (B, S)
-        if attention.dim() == 4:                                             # (B, L, H, S)
-            padded = padded[:, None, None, :].expand_as(attention)
+        assert attention.shape == (3, layers, heads, src.size(1))           # (B, L, H, S)
+        padded = (~src_mask[:, 0])[:, None, None, :].expand_as(attention)
         assert (attention[padded] == 0).all()
         assert (attention >= 0).all()
+        if not ARCHITECTURES[arch_name].get("local_window"):   # local-p: times a Gaussian
+            torch.testing.assert_close(attention.sum(-1), torch.ones(3, layers, heads))
 
 
 def test_padding_does_not_change_real_positions(arch_name):

@@ -9,7 +9,9 @@ from attnmt.config import ModelConfig
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID
 from attnmt.masks import padding_mask, target_mask
 from attnmt.model import build_model
-from attnmt.search import beam_search, greedy_search, length_penalty, top_candidates
+from attnmt.errors import UserError
+from attnmt.search import (Sampling, beam_search, greedy_search, length_penalty, sample_search,
+                           sampling_distribution, top_candidates)
 
 from conftest import make_model, toy_batch
 
@@ -182,10 +184,108 @@ def test_min_and_max_length():
         assert 2 <= len(hypothesis.tokens) <= 2
 
 
-def test_attention_is_returned_per_output_step():
-    model = make_model("bahdanau-additive")
+def forced_attention(model, src, src_mask, tokens: list[int]) -> torch.Tensor:
+    """The attention of each step when ``tokens`` + EOS are fed one by one: ``(T+1, L, H, S)``."""
+    memory, state, rows = model.encode(src, src_mask), None, []
+    with torch.no_grad():
+        for token in [BOS_ID, *tokens]:
+            _, state, attention = model.decode_step(torch.tensor([token]), state, memory)
+            rows.append(attention[0])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("arch_name", ["bahdanau-additive", "transformer-post"])
+def test_attention_history_belongs_to_the_hypothesis(arch_name):
+    # Beams reorder at every step: the attention kept for a hypothesis must be the one its
+    # own prefix produced, not a neighbour's (checked against a forced decode of its tokens).
+    model = make_model(arch_name)
     src, src_mask, _, _ = toy_batch()
-    (hypothesis,) = beam_search(model, src, src_mask, beam=2, max_len_b=4, need_attention=True)[0]
-    assert hypothesis.attention.shape == (len(hypothesis.tokens) + 1, src.size(1))
+    layers, heads = model.attention_grid
+    for row, hypotheses in enumerate(beam_search(model, src, src_mask, beam=3, n_best=3,
+                                                 max_len_b=6, need_attention=True)):
+        alone = src[row:row + 1, :int(src_mask[row].sum())]
+        for hypothesis in hypotheses:
+            expected = forced_attention(model, alone, padding_mask(alone, PAD_ID), hypothesis.tokens)
+            assert hypothesis.attention.shape == (len(hypothesis.tokens) + 1, layers, heads, src.size(1))
+            torch.testing.assert_close(hypothesis.attention[..., :alone.size(1)], expected,
+                                       atol=1e-5, rtol=1e-5)
     greedy = greedy_search(model, src, src_mask, max_len_b=4, need_attention=True)[0]
-    assert greedy.attention.shape == (len(greedy.tokens) + 1, src.size(1))
+    assert greedy.attention.shape == (len(greedy.tokens) + 1, layers, heads, src.size(1))
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch_name", SEARCH_ARCHS)
+def test_sampling_from_the_top_token_alone_is_greedy(arch_name):
+    model = make_model(arch_name)
+    src, src_mask, _, _ = toy_batch()
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=4)
+    sampled = sample_search(model, src, src_mask, Sampling(top_k=1, seed=5), samples=2,
+                            max_len_a=1.0, max_len_b=4)
+    for g, samples in zip(greedy, sampled):
+        assert [s.tokens for s in samples] == [g.tokens, g.tokens]
+        assert samples[0].log_prob == pytest.approx(g.log_prob, abs=1e-5)
+
+
+def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p():
+    probs = torch.tensor([[0.0625, 0.5, 0.0625, 0.25, 0.125]])     # sums exact in binary
+
+    def kept(p):
+        return (sampling_distribution(probs.log(), Sampling(top_p=p))[0] > 0).nonzero().flatten().tolist()
+
+    assert kept(0.5) == [1]                     # 0.5 reaches 0.5 alone
+    assert kept(0.5001) == [1, 3]               # 0.75
+    assert kept(0.75) == [1, 3]
+    assert kept(0.7501) == [1, 3, 4]            # 0.875
+    assert kept(1.0) == [0, 1, 2, 3, 4]
+    torch.testing.assert_close(sampling_distribution(probs.log(), Sampling(top_p=0.75)),
+                               torch.tensor([[0.0, 2 / 3, 0.0, 1 / 3, 0.0]]))
+    torch.testing.assert_close(sampling_distribution(probs.log(), Sampling(top_k=2)),
+                               torch.tensor([[0.0, 2 / 3, 0.0, 1 / 3, 0.0]]))
+    flat = sampling_distribution(probs.log(), Sampling(temperature=1e6))
+    torch.testing.assert_close(flat, torch.full((1, 5), 0.2))
+
+
+def test_samples_are_repeatable_and_do_not_depend_on_the_batch():
+    model = make_model("transformer-post")
+    src, src_mask, _, _ = toy_batch()
+    options = dict(sampling=Sampling(temperature=2.0, seed=7), samples=4, max_len_a=1.0, max_len_b=6)
+    together = sample_search(model, src, src_mask, **options)
+    assert [[h.tokens for h in row] for row in together] == \
+        [[h.tokens for h in row] for row in sample_search(model, src, src_mask, **options)]
+    assert len({tuple(h.tokens) for row in together for h in row}) > 3        # they do differ
+    for row in range(3):
+        alone = src[row:row + 1, :int(src_mask[row].sum())]
+        (samples,) = sample_search(model, alone, padding_mask(alone, PAD_ID), **options)
+        assert [h.tokens for h in samples] == [h.tokens for h in together[row]]
+    other_seed = sample_search(model, src, src_mask, **{**options, "sampling": Sampling(2.0, seed=8)})
+    assert [[h.tokens for h in row] for row in other_seed] != [[h.tokens for h in row] for row in together]
+
+
+def test_sampled_frequencies_follow_the_scripted_probabilities():
+    # First token: EOS .1, a .5, b .4; after b: EOS .6, a .2, b .2 (SCRIPT above).
+    src = torch.tensor([[A, EOS_ID]])
+    draws = 4000
+    (samples,) = sample_search(Scripted(), src, padding_mask(src, PAD_ID), Sampling(seed=3),
+                               samples=draws, max_len_a=0.0, max_len_b=3)
+    counts = {}
+    for sample in samples:
+        counts[tuple(sample.tokens[:2])] = counts.get(tuple(sample.tokens[:2]), 0) + 1
+    expected = {(): 0.1, (A, A): 0.5 * 0.35, (A, B): 0.5 * 0.4, (B,): 0.4 * 0.6, (B, A): 0.4 * 0.2,
+                (B, B): 0.4 * 0.2, (A,): 0.5 * 0.25}
+    for prefix, probability in expected.items():
+        tolerance = 4 * math.sqrt(probability * (1 - probability) / draws)     # 4 sigma
+        assert abs(counts.get(prefix, 0) / draws - probability) < tolerance, prefix
+    (nucleus,) = sample_search(Scripted(), src, padding_mask(src, PAD_ID), Sampling(top_p=0.5, seed=3),
+                               samples=200, max_len_a=0.0, max_len_b=3)
+    assert {sample.tokens[0] for sample in nucleus} == {A}                 # a (.5) reaches .5
+    assert all(s.log_prob >= t.log_prob for s, t in zip(nucleus, nucleus[1:]))
+
+
+def test_bad_sampling_settings_are_refused():
+    for settings, message in ((dict(temperature=0.0), "temperature must be positive"),
+                              (dict(top_k=-1), "top-k must be >= 0"),
+                              (dict(top_p=0.0), r"top-p must be in \(0, 1\]"),
+                              (dict(top_p=1.5), r"top-p must be in \(0, 1\]")):
+        with pytest.raises(UserError, match=message):
+            Sampling(**settings)

@@ -26,8 +26,11 @@ def client(tiny_runs):
 def test_health_and_info(client):
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/info").json()
-    assert info["arch"] == "transformer" and info["src_lang"] == "de" and info["parameters"] > 0
-    assert info["config"]["model"]["d_model"] == 32
+    assert info == {"model": "Transformer, 1+1 layers, 2 heads", "src_lang": "de", "tgt_lang": "en",
+                    "parameters": info["parameters"], "has_attention": True, "layers": 1,
+                    "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
+                    "default_beam": 5}
+    assert info["parameters"] > 0                       # no config, no server paths
 
 
 def test_page_is_served_with_its_assets_inline(client):
@@ -61,13 +64,26 @@ def test_attention_per_layer_and_head(client):
     assert len(encoder) == len(encoder[0]) == len(data["source_tokens"]) + 1
 
 
+def test_sampling_request(client):
+    body = {"text": "dreihundertzwölf", "n_best": 3, "sample": {"temperature": 1.5, "seed": 4}}
+    first = client.post("/translate", json=body).json()["translations"][0]["hypotheses"]
+    again = client.post("/translate", json=body).json()["translations"][0]["hypotheses"]
+    assert len(first) == 3 and first == again
+    scores = [h["score"] for h in first]
+    assert scores == sorted(scores, reverse=True)
+    bad = client.post("/translate", json={"text": "sieben", "sample": {"top_p": 0}})
+    assert bad.status_code == 422 and "sample.top_p" in bad.json()["error"]
+
+
 def test_rnn_attention_is_one_layer_one_head(tiny_runs):
     with TestClient(create_app(Translator.from_run(tiny_runs["rnn"]))) as client:
         data = client.post("/translate", json={"text": "sieben", "attention": True}).json()
         hypothesis = data["translations"][0]["hypotheses"][0]
         assert len(hypothesis["attention"]) == 1 and len(hypothesis["attention"][0]) == 1
         refused = client.post("/translate", json={"text": "sieben", "self_attention": True})
-        assert refused.status_code == 422 and "only in Transformer" in refused.json()["error"]
+        assert refused.status_code == 422 and "has no self-attention" in refused.json()["error"]
+        info = client.get("/info").json()
+        assert (info["layers"], info["heads"], info["has_self_attention"]) == (1, 1, False)
 
 
 @pytest.mark.parametrize("body,status,message", [

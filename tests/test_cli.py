@@ -1,0 +1,112 @@
+"""The ``attnmt`` command as a user runs it: a subprocess, its output, its exit status."""
+
+import subprocess
+import sys
+
+from attnmt.cli import build_parser
+
+
+def attnmt(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "attnmt", *args], input=stdin,
+                          capture_output=True, timeout=120)
+
+
+def test_every_command_has_help_and_no_command_prints_usage():
+    result = attnmt("--help")
+    assert result.returncode == 0 and b"translate" in result.stdout
+    imports = subprocess.run([sys.executable, "-c", "import sys, attnmt.cli; "
+                              "attnmt.cli.build_parser(); print('torch' in sys.modules)"],
+                             capture_output=True, text=True, timeout=60)
+    assert imports.stdout.strip() == "False"               # --help stays fast: no torch
+    for command in ("demo", "prepare", "train", "translate", "evaluate", "plot", "serve",
+                    "experiment"):
+        assert attnmt(command, "--help").returncode == 0, command
+    bare = attnmt()
+    assert bare.returncode == 2 and b"usage: attnmt" in bare.stderr
+
+
+def test_run_directory_is_spelled_run_dir_or_run():
+    parser = build_parser()
+    for option in ("--run-dir", "--run"):
+        args = parser.parse_args(["train", "c.yaml", option, "runs/x"])
+        assert args.run == "runs/x"
+
+
+def test_cli_translate_plain_nbest_and_alignment(tiny_runs):
+    run = tiny_runs["transformer"]
+    lines = "sieben\n\nzweiundvierzig\n"
+    plain = attnmt("translate", str(run), "--threads", "1", stdin=lines.encode())
+    assert plain.returncode == 0 and len(plain.stdout.decode().splitlines()) == 3
+    nbest = attnmt("translate", str(run), "--threads", "1", "--n-best", "2", "--alignment",
+                   stdin=lines.encode())
+    rows = [row.split(" ||| ") for row in nbest.stdout.decode().splitlines()]
+    assert [row[0] for row in rows] == ["0", "0", "1", "2", "2"]     # empty input: one empty line
+    assert rows[2][1:3] == ["", "0.0000"]
+    assert all(len(row) == 4 for row in rows)
+    float(rows[0][2])
+
+
+def test_cli_translate_bad_utf8_is_one_line(tiny_runs):
+    run = tiny_runs["transformer"]
+    result = attnmt("translate", str(run), "--threads", "1", stdin=b"sieben\n\xff\xfe\n")
+    assert result.returncode == 1
+    assert result.stderr.decode().strip() == "attnmt: error: standard input: line 2 is not valid UTF-8"
+    assert b"Traceback" not in result.stderr
+
+
+def test_cli_evaluate_prints_scores_and_buckets(tiny_runs, tmp_path):
+    run = tiny_runs["transformer"]
+    (tmp_path / "src.txt").write_text("sieben\nzweiundvierzig\n")
+    (tmp_path / "ref.txt").write_text("seven\nforty-two\n")
+    result = attnmt("evaluate", str(run), "--threads", "1", "--src", str(tmp_path / "src.txt"),
+                    "--ref", str(tmp_path / "ref.txt"), "--by-length", "--beam", "2")
+    output = result.stdout.decode()
+    assert result.returncode == 0, result.stderr.decode()
+    assert "BLEU" in output and "chrF" in output and "signature: nrefs:1" in output
+    assert "0-9 |         2 |" in output
+    (tmp_path / "ref.txt").write_text("seven\n")
+    mismatch = attnmt("evaluate", str(run), "--src", str(tmp_path / "src.txt"),
+                      "--ref", str(tmp_path / "ref.txt"))
+    assert mismatch.returncode == 1 and b"line counts differ" in mismatch.stderr
+
+
+def test_cli_refuses_missing_run_and_corrupt_checkpoint(tiny_runs, tmp_path):
+    run = tiny_runs["transformer"]
+    missing = attnmt("translate", str(tmp_path / "nowhere"), stdin=b"x\n")
+    assert missing.returncode == 1 and b"is not an attnmt run directory" in missing.stderr
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 64)
+    corrupt = attnmt("translate", str(run), "--checkpoint", str(broken), stdin=b"x\n")
+    assert corrupt.returncode == 1
+    assert corrupt.stderr.decode().strip() == (f"attnmt: error: {broken} is not a valid checkpoint "
+                                               f"for this model ({corrupt.stderr.decode().split('(', 1)[1].strip()}")
+
+
+def test_cli_missing_input_file_is_one_line(tiny_runs, tmp_path):
+    run = tiny_runs["transformer"]
+    result = attnmt("translate", str(run), "-i", str(tmp_path / "absent.txt"))
+    assert result.returncode == 1
+    assert result.stderr.decode().strip() == (f"attnmt: error: No such file or directory: "
+                                              f"{tmp_path / 'absent.txt'}")
+
+
+
+def test_cli_translate_samples(tiny_runs):
+    run = tiny_runs["transformer"]
+    options = ["translate", str(run), "--threads", "1", "--sample", "--n-best", "3",
+               "--temperature", "1.5", "--top-p", "0.9", "--seed", "11"]
+    first = attnmt(*options, stdin="dreihundertzwölf\n".encode())
+    assert first.returncode == 0, first.stderr.decode()
+    rows = [row.split(" ||| ") for row in first.stdout.decode().splitlines()]
+    assert [row[0] for row in rows] == ["0", "0", "0"]
+    assert attnmt(*options, stdin="dreihundertzwölf\n".encode()).stdout == first.stdout
+    bad = attnmt("translate", str(run), "--sample", "--top-p", "1.5", stdin=b"x\n")
+    assert bad.returncode == 1
+    assert bad.stderr.decode().strip() == "attnmt: error: top-p must be in (0, 1], got 1.5"
+
+
+def test_plot_command_prints_the_png_path(tiny_runs, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "attnmt", "plot", str(tiny_runs["rnn"]), "sieben",
+                             "-o", str(tmp_path / "c.png"), "--threads", "1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == str(tmp_path / "c.png")
