@@ -99,6 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--data-dir", default="", help="folder of the Multi30k files")
     experiment.set_defaults(handler=run_experiment)
 
+    export = commands.add_parser("export", help="convert a Transformer run for CTranslate2",
+                                 description="Write a CTranslate2 model directory (the C++ "
+                                             "inference engine) from a Transformer run, with its "
+                                             "config and tokenizers: 'attnmt translate OUT "
+                                             "--engine ctranslate2' translates with it. Needs the "
+                                             "extra: pip install -e \".[ct2]\".")
+    export.add_argument("run", help="run directory made by 'attnmt train'")
+    export.add_argument("out", help="folder to write (must be empty or absent, or use --force)")
+    export.add_argument("--quantization", choices=["int8", "int8_float32", "bfloat16", "float32"],
+                        default="int8", help="weight type (default int8)")
+    export.add_argument("--checkpoint", default="best",
+                        help="best (default), last, or a .safetensors file of this run's model")
+    export.add_argument("--force", action="store_true", help="replace a non-empty folder")
+    export.set_defaults(handler=run_export)
+
     serve = commands.add_parser("serve", help="HTTP API and a web page showing attention",
                                 description="Serve POST /translate, GET /health, GET /info and "
                                             "the attention viewer at GET /.")
@@ -117,8 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="best (default), last, or a .safetensors file of this run's model")
     serve.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
                        help="bf16: autocast, only where the hardware runs it natively")
-    serve.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
-    serve.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
+    add_engine_options(serve)
     serve.set_defaults(handler=run_serve)
     return parser
 
@@ -140,6 +154,15 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                         help="best (default), last, or a .safetensors file of this run's model")
     parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
                         help="bf16: autocast, only where the hardware runs it natively")
+    add_engine_options(parser)
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
+                        help="torch (default), or ctranslate2: the C++ engine, with the run "
+                             "exported into RUN/ctranslate2-QUANTIZATION on first use")
+    parser.add_argument("--quantization", choices=["int8", "int8_float32", "bfloat16", "float32"],
+                        default="int8", help="ctranslate2 engine: weight type (default int8)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
 
@@ -158,7 +181,8 @@ def load_translator(args):
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
     configure(args.threads)
-    return Translator.from_run(args.run, args.checkpoint, args.precision, args.device)
+    return Translator.from_run(args.run, args.checkpoint, args.precision, args.device, args.engine,
+                               args.quantization)
 
 
 def run_translate(args) -> int:
@@ -248,7 +272,8 @@ def run_serve(args) -> int:
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best)
     configure(args.threads)
-    translator = Translator.from_run(args.run, args.checkpoint, args.precision, args.device)
+    translator = Translator.from_run(args.run, args.checkpoint, args.precision, args.device,
+                                     args.engine, args.quantization)
     print(f"serving {args.run} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(translator, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms)
     return 0
@@ -273,6 +298,14 @@ def run_evaluate(args) -> int:
         for bucket, count, bleu in bleu_by_length(hypotheses, references,
                                                   [len(s.split()) for s in sources]):
             print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
+    return 0
+
+
+def run_export(args) -> int:
+    from attnmt.export import export_run
+
+    configure()
+    print(export_run(args.run, args.out, args.quantization, args.checkpoint, args.force))
     return 0
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from attnmt.checkpoint import load_weights
 from attnmt.config import Config, load_config, save_config
 from attnmt.data.binarized import BinarizedSplit, is_prepared, prepare
 from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
@@ -24,6 +25,7 @@ from attnmt.data.tokenizers import (TOKENIZER_FILE, Tokenizer, load_tokenizers, 
                                     train_tokenizers)
 from attnmt.distributed import Cluster, barrier
 from attnmt.errors import UserError
+from attnmt.model import build_model
 
 # The columns of log.csv: training rows every ``train.log_every`` updates, validation
 # columns at each validation (``ema_*`` with ``train.ema_decay``). ``progress`` is the
@@ -64,6 +66,17 @@ class RunDirectory:
         for path in (self.path / "subwords").glob("epoch_*.npz"):
             if int(path.stem.removeprefix("epoch_")) < epoch:
                 path.unlink(missing_ok=True)
+
+    def load_model(self, checkpoint: str = "best"):
+        """``(config, source tokenizer, target tokenizer, model)`` with the weights of
+        ``checkpoint`` (see :meth:`weights`), on the CPU."""
+        if not self.config.is_file():
+            raise UserError(f"{self.path} is not an attnmt run directory (no config.yaml)")
+        config = load_config(self.config)
+        source_tokenizer, target_tokenizer = load_tokenizers(self.path)
+        model = build_model(config.model, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        load_weights(model, self.weights(checkpoint))
+        return config, source_tokenizer, target_tokenizer, model
 
     def weights(self, checkpoint: str = "best") -> Path:
         """``best`` (``last`` until a validation improved), ``last``, or a file path."""

@@ -232,10 +232,11 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
 
 
 def _constrain(log_probs: torch.Tensor, step: int, min_len: int, limits: list[int]) -> torch.Tensor:
-    """No EOS before ``min_len`` tokens; only EOS at a sentence's maximum length."""
-    if step < min_len:
-        log_probs[..., EOS_ID] = float("-inf")
+    """No EOS before ``min_len`` tokens; only EOS at a sentence's maximum length (the maximum
+    wins where the two meet). ``log_probs (N, K, V)``, ``limits`` one per sentence."""
     at_limit = torch.tensor([step + 1 >= limit for limit in limits], device=log_probs.device)
+    if step < min_len:
+        log_probs[~at_limit, :, EOS_ID] = float("-inf")
     if at_limit.any():
         only_eos = torch.full_like(log_probs[0], float("-inf"))
         only_eos[:, EOS_ID] = 0.0

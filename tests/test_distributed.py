@@ -55,7 +55,55 @@ def single(config, run, *overrides):
                           timeout=300)
 
 
+# Run by torchrun (2 processes) or by python (1 process): one update of the tiny config,
+# recording the synchronised gradients the optimizer receives (rank 0 writes them).
+GRADIENTS_SCRIPT = """
+import sys
+import torch
+from safetensors.torch import save_file
+from attnmt.config import load_config
+from attnmt.distributed import init_cluster
+from attnmt.run import RunDirectory, prepare_data
+from attnmt.train import Trainer
+
+config_path, run_dir, out, *overrides = sys.argv[1:]
+config = load_config(config_path, overrides)
+cluster = init_cluster("cpu")
+run = RunDirectory(run_dir)
+run.path.mkdir(exist_ok=True)
+trainer = Trainer(config, run, prepare_data(config, run, cluster), cluster)
+step = trainer.optimizer.step
+def record_then_step(*args, **kwargs):
+    if cluster.is_main:
+        save_file({name: p.grad.contiguous() for name, p in trainer.model.named_parameters()}, out)
+    return step(*args, **kwargs)
+trainer.optimizer.step = record_then_step
+stream = trainer.batch_stream()
+trainer.train_step([next(stream) for _ in range(config.train.accumulate)])
+"""
+
+
 def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tiny_config, tmp_path):
+    # Gradients after one update: a wrong world factor or token count shows here directly,
+    # where Adam and clipping would hide it in the weights.
+    script = tmp_path / "gradients.py"
+    script.write_text(GRADIENTS_SCRIPT)
+    common = [*NO_DROPOUT, "train.clip_norm=0"]
+    distributed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                  "2", "--master-port", str(free_port()), str(script), str(tiny_config),
+                                  str(tmp_path / "g2"), str(tmp_path / "ddp.safetensors"), *common],
+                                 capture_output=True, text=True, timeout=300)
+    assert distributed.returncode == 0, distributed.stderr
+    alone = subprocess.run([sys.executable, str(script), str(tiny_config), str(tmp_path / "g1"),
+                            str(tmp_path / "one.safetensors"), *common, "train.accumulate=2"],
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    ours, reference = (load_file(str(tmp_path / f"{name}.safetensors")) for name in ("ddp", "one"))
+    assert ours.keys() == reference.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], reference[name], atol=1e-6, rtol=1e-4)
+
+    # ... and six updates as the user runs them: the same weights and logged losses.
     distributed = torchrun(tiny_config, tmp_path / "ddp", "train.max_steps=6", *NO_DROPOUT)
     _, stderr = distributed.communicate(timeout=300)
     assert distributed.returncode == 0, stderr
@@ -63,10 +111,34 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tiny_co
                    *NO_DROPOUT)
     assert alone.returncode == 0, alone.stderr
     ours, reference = (load_file(str(tmp_path / name / "last.safetensors")) for name in ("ddp", "one"))
-    assert ours.keys() == reference.keys()
     for name in ours:
         torch.testing.assert_close(ours[name], reference[name], atol=1e-5, rtol=1e-5)
-    assert losses(tmp_path / "ddp") == pytest.approx(losses(tmp_path / "one"), abs=1e-5)
+    ddp_losses, one_losses = losses(tmp_path / "ddp"), losses(tmp_path / "one")
+    assert ddp_losses.keys() == one_losses.keys()
+    for step in ddp_losses:
+        assert float(ddp_losses[step]) == pytest.approx(float(one_losses[step]), abs=1e-5)
+
+
+def test_attnmt_starts_the_processes_itself(tiny_config, tmp_path):
+    # `attnmt train ... --nproc-per-node 2` runs what torchrun runs: the same weights.
+    options = ["train.max_steps=4", *NO_DROPOUT]
+    launched = subprocess.run([sys.executable, "-m", "attnmt", "train", str(tiny_config),
+                               "--run-dir", str(tmp_path / "ours"), "--nproc-per-node", "2",
+                               *[argument for o in options for argument in ("--set", o)]],
+                              capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stderr
+    assert f"run directory: {tmp_path / 'ours'}" in launched.stdout
+    reference = torchrun(tiny_config, tmp_path / "torchrun", *options)
+    _, stderr = reference.communicate(timeout=300)
+    assert reference.returncode == 0, stderr
+    ours, theirs = (load_file(str(tmp_path / name / "last.safetensors")) for name in ("ours", "torchrun"))
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    assert "trained by 2 process" not in launched.stderr
+    broken = subprocess.run([sys.executable, "-m", "attnmt", "train", str(tiny_config), "--run-dir",
+                             str(tmp_path / "bad"), "--nproc-per-node", "2", "--set", "model.heads=3"],
+                            capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 1
+    assert "attnmt: error: model.heads (3) must divide model.d_model (32)" in broken.stderr
 
 
 def test_killed_distributed_run_resumes_exactly(tiny_config, tmp_path):
@@ -83,11 +155,15 @@ def test_killed_distributed_run_resumes_exactly(tiny_config, tmp_path):
         time.sleep(0.05)
     os.killpg(victim.pid, signal.SIGKILL)                # torchrun and both workers
     victim.wait()
-    assert max(losses(tmp_path / "killed")) < 120
+    assert max(losses(tmp_path / "killed")) < 80, "the run passed its second checkpoint"
+    assert (tmp_path / "killed" / "checkpoints" / "step_40.safetensors").is_file()
     resumed = torchrun(tiny_config, tmp_path / "killed", *options)
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
+    assert f"resuming {tmp_path / 'killed'} at step 40" in stderr
     assert losses(tmp_path / "killed") == losses(tmp_path / "reference")
+    ours, theirs = (load_file(str(tmp_path / name / "last.safetensors")) for name in ("killed", "reference"))
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
 
 
 def test_resuming_with_another_number_of_processes_is_refused(tiny_config, tmp_path):

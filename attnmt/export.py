@@ -1,0 +1,170 @@
+"""``attnmt export RUN OUT``: a Transformer run as a CTranslate2 model directory.
+
+CTranslate2 is a C++ inference engine for Transformers (optional: ``pip install -e
+".[ct2]"``). The conversion uses the library's own converter API: a
+:class:`ctranslate2.converters.Converter` whose ``_load`` fills a
+:class:`ctranslate2.specs.TransformerSpec` from our weights. What it must get right:
+
+* post-norm or pre-norm (and the final LayerNorm of pre-norm);
+* positions: the engine's built-in sinusoid is laid out as [sin | cos], ours
+  interleaves sin and cos (``attnmt.transformer.sinusoidal_table``), so the table is
+  always written from our model, learned or sinusoidal;
+* embeddings scaled by sqrt(d_model), tied embeddings copied to each place;
+* the vocabularies as pieces in id order, with our special tokens (pad, ``<s>``,
+  ``</s>``, ``<unk>`` at ids 0-3), and the source ending in ``</s>`` as in training;
+* LayerNorm epsilon 1e-5 (PyTorch's default), and the scores unscaled when the model
+  was trained with ``model.scale_attention: false``.
+
+The exported folder also holds the run's ``config.yaml`` and tokenizer files, so it
+translates on its own: ``attnmt translate OUT --engine ctranslate2``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from attnmt.errors import UserError
+from attnmt.model import Seq2Seq
+from attnmt.run import RunDirectory
+
+QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float32")
+
+
+def require_ctranslate2():
+    """The ``ctranslate2`` module, or a one-line error naming the extra that installs it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("CTranslate2 is not installed; install the extra: "
+                        "pip install -e \".[ct2]\" (or pip install ctranslate2)") from None
+    return ctranslate2
+
+
+def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
+               checkpoint: str = "best", force: bool = False) -> Path:
+    """Convert a Transformer run into a CTranslate2 model directory ``out``."""
+    if quantization not in QUANTIZATIONS:
+        raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
+    ctranslate2 = require_ctranslate2()
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise UserError(f"{out} exists and is not empty; choose another folder or add --force")
+    config, source_tokenizer, target_tokenizer, model = RunDirectory(run_dir).load_model(checkpoint)
+    check_exportable(model, run_dir)
+    converter = _converter(model, config, [_pieces(source_tokenizer), _pieces(target_tokenizer)],
+                           ctranslate2)
+    temporary = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    converter.convert(str(temporary), quantization=quantization, force=True)
+    for name in ["config.yaml", *_tokenizer_files(Path(run_dir))]:   # a folder that translates
+        shutil.copy(Path(run_dir) / name, temporary / name)
+    if out.exists():
+        shutil.rmtree(out)
+    temporary.rename(out)
+    return out
+
+
+def check_exportable(model: Seq2Seq, run_dir) -> None:
+    if not model.has_self_attention:
+        raise UserError(f"{run_dir} holds an {model.description}; CTranslate2 runs Transformers "
+                        "only (it has no RNN decoders): translate it with --engine torch")
+
+
+def _tokenizer_files(run: Path) -> list[str]:
+    return ["tokenizer.json"] + [path.name for path in run.glob("spm.*.model")]
+
+
+def _pieces(tokenizer) -> list[str]:
+    """The vocabulary as tokens in id order (CTranslate2 looks tokens up by string)."""
+    pieces = [tokenizer.id_to_piece(index) for index in range(tokenizer.vocab_size)]
+    if len(set(pieces)) != len(pieces):
+        raise UserError("the vocabulary has repeated tokens and cannot be exported")
+    return pieces
+
+
+def _converter(model: Seq2Seq, config, vocabularies: list[list[str]], ctranslate2):
+    """A CTranslate2 converter whose ``_load`` builds the spec of ``model``."""
+    class AttnmtConverter(ctranslate2.converters.Converter):
+        def _load(self):
+            return transformer_spec(model, config, vocabularies, ctranslate2.specs)
+
+    return AttnmtConverter()
+
+
+def transformer_spec(model: Seq2Seq, config, vocabularies: list[list[str]], specs):
+    """The ``TransformerSpec`` holding ``model``'s weights and vocabularies."""
+    settings = config.model
+    spec = specs.TransformerSpec.from_config(
+        (settings.encoder_layers, settings.decoder_layers), settings.heads,
+        pre_norm=settings.norm == "pre", alignment_layer=-1, alignment_heads=settings.heads)
+    weights = {name: tensor.detach().float().cpu() for name, tensor in model.state_dict().items()}
+    _fill_stack(spec.encoder, weights, "encoder", _positions(model.encoder.embedder), settings,
+                decoder=False)
+    _fill_stack(spec.decoder, weights, "decoder", _positions(model.decoder.embedder), settings,
+                decoder=True)
+    _linear(spec.decoder.projection, weights, "generator")
+    spec.config.add_source_eos = True               # training appends EOS to every source
+    spec.config.add_source_bos = False
+    spec.config.decoder_start_token = "<s>"
+    spec.config.layer_norm_epsilon = 1e-5
+    spec.register_source_vocabulary(vocabularies[0])
+    spec.register_target_vocabulary(vocabularies[1])
+    return spec
+
+
+def _positions(embedder) -> torch.Tensor:
+    """Our position table ``(max_positions, d_model)``: learned weights or the sinusoid."""
+    table = embedder.learned.weight if embedder.learned is not None else embedder.table
+    return table.detach().float().cpu()
+
+
+def _fill_stack(spec, weights: dict, side: str, positions: torch.Tensor, settings, decoder: bool):
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = weights[f"{side}.embedder.tokens.weight"]        # a list in the encoder
+    spec.scale_embeddings = True
+    spec.position_encodings.encodings = positions
+    if settings.norm == "pre":
+        _layer_norm(spec.layer_norm, weights, f"{side}.final_norm")
+    for index, layer in enumerate(spec.layer):
+        scope = f"{side}.layers.{index}"
+        _attention(layer.self_attention, weights, f"{scope}.self_attn", settings, self_attention=True)
+        _layer_norm(layer.self_attention.layer_norm, weights,
+                    f"{scope}.self_norm.norm" if decoder else f"{scope}.attn_norm.norm")
+        if decoder:
+            _attention(layer.attention, weights, f"{scope}.cross_attn", settings, self_attention=False)
+            _layer_norm(layer.attention.layer_norm, weights, f"{scope}.cross_norm.norm")
+        _linear(layer.ffn.linear_0, weights, f"{scope}.ffn.net.0")
+        _linear(layer.ffn.linear_1, weights, f"{scope}.ffn.net.3")
+        _layer_norm(layer.ffn.layer_norm, weights, f"{scope}.ffn_norm.norm")
+
+
+def _attention(spec, weights: dict, scope: str, settings, self_attention: bool):
+    """Queries, keys and values fused as the engine expects: [q; k; v] for self-attention,
+    q then [k; v] for cross-attention; the output projection last."""
+    def part(name):
+        return weights[f"{scope}.{name}.weight"], weights[f"{scope}.{name}.bias"]
+
+    q, k, v = part("q_proj"), part("k_proj"), part("v_proj")
+    fused = [q, k, v] if self_attention else [k, v]
+    target = spec.linear[0] if self_attention else spec.linear[1]
+    target.weight = torch.cat([w for w, _ in fused])
+    target.bias = torch.cat([b for _, b in fused])
+    if not self_attention:
+        spec.linear[0].weight, spec.linear[0].bias = q
+    _linear(spec.linear[-1], weights, f"{scope}.out_proj")
+    if not settings.scale_attention:                 # scores q.k without 1/sqrt(d_k)
+        spec.queries_scale = torch.tensor(1.0)
+
+
+def _linear(spec, weights: dict, scope: str):
+    spec.weight = weights[f"{scope}.weight"]
+    if f"{scope}.bias" in weights:
+        spec.bias = weights[f"{scope}.bias"]
+
+
+def _layer_norm(spec, weights: dict, scope: str):
+    spec.gamma = weights[f"{scope}.weight"]
+    spec.beta = weights[f"{scope}.bias"]

@@ -1,0 +1,102 @@
+"""Export to CTranslate2 and the CTranslate2 engine: the same translations as PyTorch."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnmt.data.numbers import numbers_corpus
+from attnmt.errors import UserError
+from attnmt.export import export_run
+from attnmt.train import train
+from attnmt.translator import Translator
+
+from conftest import TINY
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed "
+                                                        "(pip install -e \".[ct2]\")")
+
+# 250 German number words from the range the tiny models learned (0..999).
+SOURCES = numbers_corpus("test", "de", "en", 999, {"train": 0, "valid": 0, "test": 250},
+                         seed=5).source
+
+VARIANTS = {"post-sinusoidal": [],
+            "pre-learned": ["model.norm=pre", "model.positions=learned"]}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def exported(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    (folder / "tiny.yaml").write_text(TINY)
+    run = train(folder / "tiny.yaml", folder / "run", ["train.max_steps=150", "train.validate_every=150",
+                                                       *VARIANTS[request.param]])
+    export_run(run, folder / "float32", "float32")
+    return (Translator.from_run(run),
+            Translator.from_run(folder / "float32", engine="ctranslate2", quantization="float32"))
+
+
+def test_greedy_tokens_are_the_same_on_every_sentence(exported):
+    torch_engine, c_engine = exported
+    ours = torch_engine.translate(SOURCES, beam=1)
+    theirs = c_engine.translate(SOURCES, beam=1)
+    assert len(SOURCES) >= 200
+    assert [t.best.ids for t in theirs] == [t.best.ids for t in ours]
+    assert [t.best.log_prob for t in theirs] == pytest.approx([t.best.log_prob for t in ours], abs=1e-3)
+
+
+def test_beam_best_hypothesis_agrees_on_95_percent(exported):
+    torch_engine, c_engine = exported
+    ours = torch_engine.translate(SOURCES, beam=5)
+    theirs = c_engine.translate(SOURCES, beam=5)
+    same = sum(a.best.ids == b.best.ids for a, b in zip(ours, theirs))
+    assert same >= 0.95 * len(SOURCES), f"{same} of {len(SOURCES)}"
+
+
+def test_n_best_empty_input_and_attention(exported):
+    torch_engine, c_engine = exported
+    (empty, full) = c_engine.translate(["", "dreihundertzwölf"], beam=4, n_best=3, need_attention=True)
+    assert [h.text for h in empty.hypotheses] == [""]
+    assert len(full.hypotheses) == 3
+    attention = full.best.attention                    # (T + 1, 1, 1, S + 1): last layer, heads averaged
+    assert attention.shape == (len(full.best.ids) + 1, 1, 1, len(full.source_tokens) + 1)
+    assert attention[:-1].sum(-1).flatten().tolist() == pytest.approx([1.0] * len(full.best.ids), abs=1e-4)
+    reference = torch_engine.translate(["dreihundertzwölf"], beam=1, need_attention=True)[0].best
+    if reference.ids == c_engine.translate(["dreihundertzwölf"], beam=1)[0].best.ids:
+        ours = c_engine.translate(["dreihundertzwölf"], beam=1, need_attention=True)[0].best.attention
+        expected = reference.attention[:-1, -1].mean(dim=1)          # last layer, heads averaged
+        torch.testing.assert_close(ours[:-1, 0, 0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_rnn_runs_missing_extra_and_non_empty_folders_are_refused(tiny_runs, tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="CTranslate2 runs Transformers only"):
+        export_run(tiny_runs["rnn"], tmp_path / "rnn")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="exists and is not empty; choose another folder or add --force"):
+        export_run(tiny_runs["transformer"], tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    export_run(tiny_runs["transformer"], tmp_path / "full", force=True)
+    assert (tmp_path / "full" / "model.bin").is_file()
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)            # as if not installed
+    with pytest.raises(UserError, match=r'install the extra: pip install -e "\.\[ct2\]"'):
+        export_run(tiny_runs["transformer"], tmp_path / "other")
+
+
+def test_cli_exports_once_and_translates_with_either_engine(tiny_runs, tmp_path):
+    run = tiny_runs["transformer"]
+
+    def attnmt(*args):
+        return subprocess.run([sys.executable, "-m", "attnmt", *args], capture_output=True,
+                              text=True, timeout=120, input="dreihundertzwölf\n")
+    first = attnmt("translate", str(run), "--engine", "ctranslate2", "--quantization", "int8",
+                   "--threads", "1")
+    assert first.returncode == 0, first.stderr
+    assert "exporting" in first.stderr and (run / "ctranslate2-int8" / "model.bin").is_file()
+    again = attnmt("translate", str(run), "--engine", "ctranslate2", "--threads", "1")
+    assert again.stdout == first.stdout and "exporting" not in again.stderr
+    rnn = attnmt("translate", str(tiny_runs["rnn"]), "--engine", "ctranslate2")
+    assert rnn.returncode == 1 and rnn.stderr.count("\n") == 1
+    assert "CTranslate2 runs Transformers only" in rnn.stderr
+    sampled = attnmt("translate", str(run), "--engine", "ctranslate2", "--sample")
+    assert sampled.returncode == 1 and "sampling runs on the PyTorch engine only" in sampled.stderr
