@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-texts", type=int, default=32, help="texts per request")
     serve.add_argument("--max-beam", type=int, default=10)
     serve.add_argument("--max-n-best", type=int, default=10)
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                       help="larger request bodies are refused (413) before they are parsed")
+    serve.add_argument("--max-work", type=int, default=4000,
+                       help="per request: (source tokens + 1) x beam, summed over its texts (413)")
+    serve.add_argument("--max-queue-work", type=int, default=16000,
+                       help="work accepted and not yet answered; beyond it 503 with Retry-After")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
@@ -270,7 +276,8 @@ def run_serve(args) -> int:
     from attnmt.serve import Limits, serve
     from attnmt.translator import Translator
 
-    limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best)
+    limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
+                    args.max_body_bytes, args.max_work, args.max_queue_work)
     configure(args.threads)
     translator = Translator.from_run(args.run, args.checkpoint, args.precision, args.device,
                                      args.engine, args.quantization)

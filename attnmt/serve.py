@@ -1,13 +1,18 @@
 """``attnmt serve RUN``: an HTTP API and a web page that shows what the model attends to.
 
 * ``POST /translate`` ``{"text": ...}`` or ``{"texts": [...]}`` with optional ``beam``,
-  ``n_best``, ``alpha``, ``attention`` and ``self_attention``;
-* ``GET /health``, ``GET /info``;
+  ``n_best``, ``alpha``, ``sample``, ``attention`` and ``self_attention``;
+* ``GET /health``, ``GET /info`` (what a client needs: languages, size, what the model
+  can show), ``GET /openapi.json``;
 * ``GET /``: the attention viewer (one HTML page, no outside assets).
 
 Requests are micro-batched: a queue collects the texts of concurrent requests for a
 few milliseconds and decodes them together in one worker thread, off the event loop,
-so ``/health`` answers while the model works.
+so ``/health`` answers while the model works. Every request is checked before any work:
+its body size (413, before it is parsed), every value against its bounds (422 naming
+the field), its work (source tokens x beam, 413 above ``max_work``) and the work
+already waiting (503 with ``Retry-After`` above ``max_queue_work``), so one client
+cannot hold the only worker for long or starve the others.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 from dataclasses import dataclass
 from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from attnmt.errors import UserError
 from attnmt.search import Sampling
@@ -36,33 +42,58 @@ class Limits:
     max_texts: int = 32            # per request
     max_beam: int = 10
     max_n_best: int = 10
+    max_body_bytes: int = 1 << 20  # refused before parsing
+    max_work: int = 4000           # per request: (source tokens + 1) x beam (or samples), summed
+    max_queue_work: int = 16000    # work accepted and not yet answered, over all requests
 
 
 class SampleRequest(BaseModel):
     """Sampling instead of beam search: ``n_best`` samples per text."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float = Field(1.0, gt=0, le=100)
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=0, le=1_000_000)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int = Field(0, ge=0, lt=2 ** 63)
 
 
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (it holds a lone UTF-16 surrogate)") from None
+    return text
+
+
 class TranslateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     text: str | None = None
     texts: list[str] | None = None
-    beam: int | None = None
-    n_best: int = 1
-    alpha: float | None = None
+    beam: int | None = Field(None, ge=1)
+    n_best: int = Field(1, ge=1)
+    alpha: float | None = Field(None, ge=0, le=10)
     sample: SampleRequest | None = None
     attention: bool = False
     self_attention: bool = False
 
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value):
+        return None if value is None else _valid_unicode(value)
+
+    @field_validator("texts")
+    @classmethod
+    def _texts(cls, value):
+        return None if value is None else [_valid_unicode(text) for text in value]
+
 
 class LimitError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
+
+    def response(self) -> JSONResponse:
+        headers = {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+        return JSONResponse({"error": self.message}, status_code=self.status, headers=headers)
 
 
 def check_request(request: TranslateRequest, limits: Limits, default_beam: int) -> list[str]:
@@ -88,6 +119,23 @@ def check_request(request: TranslateRequest, limits: Limits, default_beam: int) 
                               f"{limits.max_n_best}) = {min(beam, limits.max_n_best)}, "
                               f"got {request.n_best}")
     return texts
+
+
+def request_work(translator: Translator, texts: list[str], width: int, limits: Limits) -> int:
+    """``(source tokens + 1) x width`` summed over the texts (``width``: beam or samples);
+    413 when a text is longer than the model accepts or the work passes ``max_work``."""
+    lengths = [len(ids) for ids in translator.source_tokenizer.encode_batch(texts)]
+    longest = translator.engine.max_source_tokens
+    for number, length in enumerate(lengths, start=1):
+        if longest is not None and length > longest:
+            raise LimitError(413, f"text {number} has {length} tokens; this model accepts at most "
+                                  f"{longest}")
+    work = sum(length + 1 for length in lengths if length) * width
+    if work > limits.max_work:
+        raise LimitError(413, f"the request needs {work} token-beams of work (source tokens x "
+                              f"beam) > max_work {limits.max_work}; send fewer or shorter texts "
+                              "or a smaller beam")
+    return work
 
 
 @dataclass(frozen=True)
@@ -174,10 +222,15 @@ def attention_grid(weights) -> list:
     return nested_lists(weights.permute(1, 2, 0, 3))
 
 
+def _number(value: float) -> float | None:
+    """JSON has no NaN or infinity: such a score is sent as null."""
+    return round(value, 4) if math.isfinite(value) else None
+
+
 def describe(translation: Translation, attention: bool, self_attention=None) -> dict:
     result = {"source": translation.source, "source_tokens": translation.source_tokens,
               "translation": translation.best.text,
-              "hypotheses": [{"text": h.text, "score": round(h.score, 4), "tokens": h.tokens}
+              "hypotheses": [{"text": h.text, "score": _number(h.score), "tokens": h.tokens}
                              for h in translation.hypotheses]}
     if attention:
         for hypothesis, described in zip(translation.hypotheses, result["hypotheses"]):
@@ -189,24 +242,75 @@ def describe(translation: Translation, attention: bool, self_attention=None) -> 
     return result
 
 
-def model_info(translator: Translator) -> dict:
-    """What a client needs to know: languages, size, and what the model can show."""
-    model, config = translator.model, translator.config
-    layers, heads = model.attention_grid or (0, 0)
-    return {"model": model.description, "src_lang": config.data.src_lang,
-            "tgt_lang": config.data.tgt_lang, "parameters": model.num_parameters(),
-            "has_attention": model.attention_grid is not None, "layers": layers, "heads": heads,
-            "has_self_attention": model.has_self_attention,
-            "max_source_tokens": model.max_source_tokens, "default_beam": config.decode.beam}
+def model_info(translator: Translator, limits: Limits) -> dict:
+    """What a client needs to know: languages, size, what the model can show, the limits."""
+    engine, config = translator.engine, translator.config
+    layers, heads = engine.attention_grid or (0, 0)
+    return {"model": engine.description, "engine": engine.name, "src_lang": config.data.src_lang,
+            "tgt_lang": config.data.tgt_lang, "parameters": engine.num_parameters(),
+            "has_attention": engine.attention_grid is not None, "layers": layers, "heads": heads,
+            "has_self_attention": engine.has_self_attention,
+            "max_source_tokens": engine.max_source_tokens, "default_beam": config.decode.beam,
+            "limits": {"max_chars": limits.max_chars, "max_texts": limits.max_texts,
+                       "max_beam": limits.max_beam, "max_n_best": limits.max_n_best,
+                       "max_work": limits.max_work}}
+
+
+class BodyLimit:
+    """ASGI middleware: a body over ``max_bytes`` is answered 413 before the app parses it,
+    by its Content-Length, or, without one, once more than ``max_bytes`` have arrived."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_bytes:
+                return await self._refuse(scope, receive, send)
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0                    # streamed: read (at most the limit) first
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._refuse(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send):
+        response = JSONResponse({"error": f"request body over max_body_bytes {self.max_bytes}"},
+                                status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: bool = True,
                wait_ms: float = 5.0) -> FastAPI:
-    app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer")
+    # No /docs or /redoc: their pages load scripts from the internet (blank offline).
+    app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer",
+                  docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)      # one model, one worker
     batcher = MicroBatcher(translator, executor, wait_ms, limits.max_texts) if micro_batch else None
     default_beam = min(translator.config.decode.beam, limits.max_beam)
-    info = model_info(translator)
+    info = model_info(translator, limits)
+    waiting = {"work": 0}                          # accepted and not yet answered
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
@@ -236,26 +340,39 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
             sampling = None if request.sample is None else Sampling(**request.sample.model_dump())
             options = Options(request.beam or default_beam, request.n_best, request.alpha,
                               request.attention or request.self_attention, sampling)
-            if batcher is not None:
-                translations = await batcher.translate(texts, options)
-            else:
-                translations = await run_translation(translator, executor, texts, options)
-            described = []
-            for translation in translations:
-                self_attention = None
-                if request.self_attention and translation.best.ids:
-                    self_attention = await asyncio.get_running_loop().run_in_executor(
-                        executor, translator.self_attention, translation)
-                described.append(describe(translation, request.attention or request.self_attention,
-                                          self_attention))
+            work = request_work(translator, texts, request.n_best if sampling else options.beam,
+                                limits)
+            if waiting["work"] + work > limits.max_queue_work:
+                raise LimitError(503, f"busy: {waiting['work']} token-beams of work are waiting "
+                                      f"(max_queue_work {limits.max_queue_work}); retry shortly",
+                                 retry_after=1)
+            waiting["work"] += work
+            try:
+                described = await _translate(texts, options, request.self_attention)
+            finally:
+                waiting["work"] -= work
         except LimitError as error:
-            return JSONResponse({"error": error.message}, status_code=error.status)
+            return error.response()
         except UserError as error:
-            return JSONResponse({"error": str(error)}, status_code=413)
+            return JSONResponse({"error": str(error)}, status_code=422)
         except Exception:
             logger.exception("translation failed")
             return JSONResponse({"error": "internal error while translating"}, status_code=500)
         return {"translations": described}
+
+    async def _translate(texts: list[str], options: Options, self_attention: bool) -> list[dict]:
+        if batcher is not None:
+            translations = await batcher.translate(texts, options)
+        else:
+            translations = await run_translation(translator, executor, texts, options)
+        described = []
+        for translation in translations:
+            maps = None
+            if self_attention and translation.best.ids:
+                maps = await asyncio.get_running_loop().run_in_executor(
+                    executor, translator.self_attention, translation)
+            described.append(describe(translation, options.attention, maps))
+        return described
 
     return app
 

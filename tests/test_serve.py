@@ -26,11 +26,14 @@ def client(tiny_runs):
 def test_health_and_info(client):
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/info").json()
-    assert info == {"model": "Transformer, 1+1 layers, 2 heads", "src_lang": "de", "tgt_lang": "en",
-                    "parameters": info["parameters"], "has_attention": True, "layers": 1,
-                    "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
-                    "default_beam": 5}
+    assert info == {"model": "Transformer, 1+1 layers, 2 heads", "engine": "torch", "src_lang": "de",
+                    "tgt_lang": "en", "parameters": info["parameters"], "has_attention": True,
+                    "layers": 1, "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
+                    "default_beam": 5, "limits": {"max_chars": 50, "max_texts": 3, "max_beam": 4,
+                                                  "max_n_best": 3, "max_work": 4000}}
     assert info["parameters"] > 0                       # no config, no server paths
+    assert client.get("/docs").status_code == 404       # its page needs the internet
+    assert client.get("/openapi.json").status_code == 200
 
 
 def test_page_is_served_with_its_assets_inline(client):
@@ -102,6 +105,81 @@ def test_limits_and_bad_requests(client, body, status, message):
     assert message in response.json()["error"]
 
 
+@pytest.mark.parametrize("raw,field", [
+    (b'{"text": "sieben", "alpha": 1e308}', "body.alpha: Input should be less than or equal to 10"),
+    (b'{"text": "sieben", "alpha": -50}', "body.alpha: Input should be greater than or equal to 0"),
+    (b'{"text": "sieben", "alpha": NaN}', "body.alpha: Input should be a finite number"),
+    (b'{"text": "sieben", "alpha": Infinity}', "body.alpha: Input should be a finite number"),
+    (b'{"text": "sieben \\ud800"}', "body.text: Value error, must be valid Unicode"),
+    (b'{"texts": ["a", "\\udfff"]}', "body.texts: Value error, must be valid Unicode"),
+    (b'{"text": "sieben", "beam": 0}', "body.beam: Input should be greater than or equal to 1"),
+    (b'{"text": "sieben", "sample": {"temperature": 0}}', "body.sample.temperature: Input should be greater than 0"),
+])
+def test_bad_values_are_422_naming_the_field_and_its_bounds(client, raw, field):
+    response = client.post("/translate", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert field in response.json()["error"]
+    assert client.get("/health").status_code == 200
+
+
+def test_a_large_body_is_refused_before_it_is_read(tiny_runs):
+    app = create_app(Translator.from_run(tiny_runs["transformer"]), Limits(max_body_bytes=1000))
+    with TestClient(app) as client:
+        big = b'{"text": "' + b"a" * 5000 + b'"}'
+        response = client.post("/translate", content=big, headers={"Content-Type": "application/json"})
+        assert response.status_code == 413
+        assert response.json() == {"error": "request body over max_body_bytes 1000"}
+
+        def streamed():                           # no Content-Length: counted while it arrives
+            for _ in range(10):
+                yield b" " * 500
+        chunked = client.post("/translate", content=streamed(), headers={"Content-Type": "application/json"})
+        assert chunked.status_code == 413
+        assert client.post("/translate", json={"text": "sieben"}).status_code == 200
+
+
+def test_work_budget_and_queue_bound(tiny_runs):
+    translator = Translator.from_run(tiny_runs["transformer"])
+    one = (len(translator.source_tokenizer.encode("dreihundertzwölf")) + 1) * 5   # beam 5
+    limits = Limits(max_work=2 * one, max_queue_work=2 * one + one // 2)
+    with TestClient(create_app(translator, limits)) as client:
+        heavy = client.post("/translate", json={"texts": ["dreihundertzwölf"] * 3, "beam": 5})
+        assert heavy.status_code == 413
+        assert (f"needs {3 * one} token-beams of work (source tokens x beam) > max_work {2 * one}"
+                in heavy.json()["error"])
+        assert client.post("/translate", json={"text": "dreihundertzwölf", "beam": 5}).status_code == 200
+    gate = asyncio.Event()
+    original = translator.translate
+
+    def slow_translate(*args, **kwargs):           # holds the worker until the test lets go
+        asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(timeout=30)
+        return original(*args, **kwargs)
+
+    app = create_app(translator, limits, micro_batch=False)
+
+    async def run_all():
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        translator.translate = slow_translate
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = {"text": "dreihundertzwölf", "beam": 5}
+            first = [asyncio.create_task(client.post("/translate", json=body)) for _ in range(2)]
+            await asyncio.sleep(0.3)                      # 2 x one waiting: no room for a third
+            third = await client.post("/translate", json=body)
+            gate.set()
+            return third, [await task for task in first]
+
+    loop = None
+    try:
+        third, first = asyncio.run(run_all())
+    finally:
+        translator.translate = original
+    assert third.status_code == 503 and third.headers["Retry-After"] == "1"
+    assert "busy" in third.json()["error"]
+    assert [response.status_code for response in first] == [200, 200]
+
+
 def test_malformed_json_is_422_and_the_server_goes_on(client):
     response = client.post("/translate", content=b"{not json", headers={"Content-Type": "application/json"})
     assert response.status_code == 422
@@ -116,7 +194,16 @@ def test_over_long_input_in_tokens_is_a_clear_error(tiny_runs):
 
 
 def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_runs):
-    app = create_app(Translator.from_run(tiny_runs["transformer"]), wait_ms=50)
+    translator = Translator.from_run(tiny_runs["transformer"])
+    batch_sizes = []
+    original = translator.translate
+
+    def recording_translate(texts, *args, **kwargs):
+        batch_sizes.append(len(texts))
+        return original(texts, *args, **kwargs)
+
+    translator.translate = recording_translate
+    app = create_app(translator, wait_ms=50)
     words = ["sieben", "acht", "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn"]
 
     async def run_all():
@@ -129,6 +216,8 @@ def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_r
             return alone, [r.json() for r in together]
 
     alone, together = asyncio.run(run_all())
+    assert batch_sizes[:len(words)] == [1] * len(words)           # one after another: alone
+    assert max(batch_sizes[len(words):]) > 1                      # at once: batched together
     for word, response in zip(words, together):
         assert response["translations"][0]["source"] == word
         assert response == alone[word]
