@@ -343,11 +343,16 @@ class KVCache:
         return self.keys[:, :, :self.length], self.values[:, :, :self.length]
 
     def index_select(self, index: torch.Tensor) -> "KVCache":
-        """Reorder or repeat batch entries (beam search); the result owns new buffers."""
+        """Reorder or repeat batch entries (beam search); the result owns new buffers of the
+        same capacity, and only the filled positions are copied."""
         if self.keys is None:
             return KVCache()
-        return KVCache(self.keys.index_select(0, index), self.values.index_select(0, index),
-                       self.length)
+        keys = self.keys.new_empty((len(index), *self.keys.shape[1:]))
+        values = self.values.new_empty((len(index), *self.values.shape[1:]))
+        filled = slice(0, self.length)
+        torch.index_select(self.keys[:, :, filled], 0, index, out=keys[:, :, filled])
+        torch.index_select(self.values[:, :, filled], 0, index, out=values[:, :, filled])
+        return KVCache(keys, values, self.length)
 
 
 class MultiHeadAttention(nn.Module):

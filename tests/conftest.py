@@ -67,6 +67,7 @@ train:
   log_every: 1
   threads: 1
   precision: fp32
+  device: cpu
 """
 
 

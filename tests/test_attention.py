@@ -86,16 +86,28 @@ def test_location_depends_on_query_only_and_rejects_long_sources():
         location.score(query, torch.randn(B, 12, D))
 
 
-def test_local_attention_is_zero_outside_window():
+def test_local_p_attention_equals_luong_equations():
+    # p_t = S sigmoid(v_p^T tanh(W_p s_t)); the general score's softmax over the real
+    # positions with |j - p_t| <= D, times exp(-(j - p_t)^2 / (2 sigma^2)), sigma = D / 2.
     query, key, value, mask = inputs()
     local = make_scorer("local")
-    _, weights = local(query, key, value, mask)
-    lengths = mask.sum(-1).float()
-    centre = local.centre(query, lengths)                                 # (B, Tq)
-    positions = torch.arange(TK).float()
-    outside = (positions - centre.unsqueeze(-1)).abs() > local.half_window
-    assert (weights[outside] == 0).all()
-    assert (centre >= 0).all() and (centre <= lengths).all()
+    with torch.no_grad():
+        context, weights = local(query, key, value, mask)
+        W_p, v_p = local.centre_hidden.weight, local.centre_out.weight      # (5, D), (1, 5)
+        W = local.scorer.key_to_query.weight                                # general: s^T W h
+        for b in range(B):
+            S = int(LENGTHS[b])
+            for t in range(TQ):
+                s = query[b, t]
+                p = S * torch.sigmoid(v_p @ torch.tanh(W_p @ s))            # the centre
+                scores = torch.stack([s @ (W @ key[b, j]) for j in range(TK)])
+                inside = torch.tensor([j < S and abs(j - p.item()) <= 2 for j in range(TK)])
+                align = torch.zeros(TK)
+                align[inside] = torch.softmax(scores[inside], dim=0)
+                gauss = torch.exp(-(torch.arange(TK) - p) ** 2 / (2 * (2 / 2) ** 2))
+                expected = align * gauss
+                torch.testing.assert_close(weights[b, t], expected, atol=1e-6, rtol=1e-5)
+                torch.testing.assert_close(context[b, t], expected @ value[b], atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", SCORERS)

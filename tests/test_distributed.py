@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,6 +50,23 @@ def torchrun(config, run, *overrides, session=False):
                             start_new_session=session)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun may start its workers in their own group)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
 def single(config, run, *overrides):
     return subprocess.run([sys.executable, "-m", "attnmt", "train", str(config), "--run", str(run),
                            *[f"--set={o}" for o in overrides]], capture_output=True, text=True,
@@ -62,7 +80,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from attnmt.config import load_config
-from attnmt.distributed import init_cluster
+from attnmt.distributed import init_cluster, shutdown
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer
 
@@ -80,6 +98,7 @@ def record_then_step(*args, **kwargs):
 trainer.optimizer.step = record_then_step
 stream = trainer.batch_stream()
 trainer.train_step([next(stream) for _ in range(config.train.accumulate)])
+shutdown(cluster)                  # leave the process group together, not one by one
 """
 
 
@@ -153,7 +172,11 @@ def test_killed_distributed_run_resumes_exactly(tiny_config, tmp_path):
         if log.is_file() and max(losses(tmp_path / "killed"), default=0) >= 55:
             break
         time.sleep(0.05)
-    os.killpg(victim.pid, signal.SIGKILL)                # torchrun and both workers
+    for pid in [victim.pid, *descendants(victim.pid)]:   # torchrun and both workers
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     victim.wait()
     assert max(losses(tmp_path / "killed")) < 80, "the run passed its second checkpoint"
     assert (tmp_path / "killed" / "checkpoints" / "step_40.safetensors").is_file()

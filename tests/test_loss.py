@@ -40,14 +40,46 @@ def test_padding_rows_get_no_gradient():
     assert (grad_hidden[[2, 7]] == 0).all()
 
 
-def test_bf16_autocast_close_to_fp32():
+def low_precision_against_fp32(device: str, dtype: torch.dtype):
+    """Loss and gradients under autocast against float32 ones, same weights and inputs."""
     torch.manual_seed(0)
-    generator = torch.nn.Linear(8, 50)
-    hidden = torch.randn(20, 8, requires_grad=True)
-    targets = torch.randint(0, 50, (20,))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    generator = torch.nn.Linear(8, 50).to(device)
+    hidden = torch.randn(20, 8, device=device, requires_grad=True)
+    targets = torch.randint(0, 50, (20,), device=device)
+    with torch.autocast(device, dtype=dtype):
         low = projected_cross_entropy(hidden, generator, targets, 0.1, -1, chunk_tokens=7)
-    low.backward()
-    assert hidden.grad.dtype == torch.float32 and generator.weight.grad.dtype == torch.float32
+    low_grads = torch.autograd.grad(low, [hidden, *generator.parameters()])
     reference = F.cross_entropy(generator(hidden), targets, reduction="sum", label_smoothing=0.1)
+    reference_grads = torch.autograd.grad(reference, [hidden, *generator.parameters()])
+    return low, low_grads, reference, reference_grads
+
+
+def test_bf16_autocast_close_to_fp32():
+    low, low_grads, reference, reference_grads = low_precision_against_fp32("cpu", torch.bfloat16)
+    assert low.dtype == torch.float32
     assert low.item() == pytest.approx(reference.item(), rel=2e-2)
+    for ours, theirs in zip(low_grads, reference_grads):
+        assert ours.dtype == torch.float32
+        # bf16 keeps 8 bits of mantissa: values within a few percent of the gradient's scale
+        torch.testing.assert_close(ours, theirs, atol=2e-2 * theirs.abs().max().item(), rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 autocast with GradScaler needs CUDA")
+def test_fp16_autocast_with_gradient_scaling_close_to_fp32():
+    low, low_grads, reference, reference_grads = low_precision_against_fp32("cuda", torch.float16)
+    assert low.item() == pytest.approx(reference.item(), rel=5e-3)
+    for ours, theirs in zip(low_grads, reference_grads):
+        torch.testing.assert_close(ours, theirs, atol=5e-3 * theirs.abs().max().item(), rtol=0)
+    # A training step with GradScaler gives the gradients of the unscaled loss.
+    model = torch.nn.Linear(8, 50).cuda()
+    scaler = torch.amp.GradScaler("cuda")
+    hidden, targets = torch.randn(20, 8, device="cuda"), torch.randint(0, 50, (20,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = projected_cross_entropy(hidden, model, targets, 0.1, -1)
+    scaler.scale(loss).backward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler.unscale_(optimizer)
+    expected = torch.autograd.grad(F.cross_entropy(model(hidden), targets, reduction="sum",
+                                                   label_smoothing=0.1), model.weight)[0]
+    torch.testing.assert_close(model.weight.grad, expected, atol=5e-3 * expected.abs().max().item(),
+                               rtol=0)

@@ -9,7 +9,8 @@ from conftest import make_model, toy_batch
 
 def test_bidirectional_encoder_concatenates_directions_and_ignores_padding():
     torch.manual_seed(0)
-    encoder = RNNEncoder(11, 8, 6, layers=2, cell="gru", bidirectional=True, dropout=0.0, pad_id=0)
+    encoder = RNNEncoder(vocab_size=11, embed_dim=8, hidden_dim=6, layers=2, cell="gru",
+                         bidirectional=True, dropout=0.0, pad_id=0)
     src = torch.tensor([[5, 6, 7, 2], [5, 6, 2, 0]])
     encoded = encoder(src, padding_mask(src, 0))
     assert encoded.states.shape == (2, 4, 12) and encoder.output_dim == 12
@@ -23,7 +24,8 @@ def test_bidirectional_encoder_concatenates_directions_and_ignores_padding():
 
 
 def test_lstm_encoder_returns_cell_state():
-    encoder = RNNEncoder(11, 8, 6, layers=1, cell="lstm", bidirectional=False, dropout=0.0, pad_id=0)
+    encoder = RNNEncoder(vocab_size=11, embed_dim=8, hidden_dim=6, layers=1, cell="lstm",
+                         bidirectional=False, dropout=0.0, pad_id=0)
     src = torch.tensor([[5, 6, 2]])
     encoded = encoder(src, padding_mask(src, 0))
     assert encoded.final_cell.shape == (1, 6)
@@ -63,4 +65,103 @@ def test_local_attention_decoder_zero_outside_window():
     src, src_mask, _, _ = toy_batch()
     attention = first_step_attention("luong-local-general", BOS_ID)
     nonzero = (attention > 0).sum(-1)
-    assert (nonzero <= 2 * model.config.local_window + 1).all()
+    assert (nonzero <= 2 * 2 + 1).all()                     # local_window 2 in conftest
+
+
+# --- independent references for the RNN decoders ------------------------------------------------
+# Teacher forcing (`forward`) is a loop over the same `step` as incremental decoding, so
+# comparing the two cannot catch a wrong step. These references compute the decoders from
+# their equations with the models' own weights.
+
+def gru_cell(x, h, rnn):
+    """One GRU step from its equations (r, z gates, candidate n), layer 0 of ``rnn``."""
+    gi = x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0
+    gh = h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
+    i_r, i_z, i_n = gi.chunk(3, -1)
+    h_r, h_z, h_n = gh.chunk(3, -1)
+    r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1 - z) * n + z * h
+
+
+def lstm_cell(x, h, c, rnn):
+    """One LSTM step from its equations (input, forget, cell, output gates)."""
+    gates = x @ rnn.weight_ih_l0.T + rnn.bias_ih_l0 + h @ rnn.weight_hh_l0.T + rnn.bias_hh_l0
+    i, f, g, o = gates.chunk(4, -1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def softmax_over_source(scores, src_mask):
+    return torch.softmax(scores.masked_fill(~src_mask[:, 0], float("-inf")), dim=-1)
+
+
+def one_layer(name, **changes):
+    from attnmt.config import ModelConfig
+    from attnmt.model import build_model
+    from conftest import ARCHITECTURES, VOCAB
+
+    torch.manual_seed(0)
+    config = ModelConfig(**{**ARCHITECTURES[name], "encoder_layers": 1, "decoder_layers": 1, **changes})
+    return build_model(config, VOCAB, VOCAB).eval()
+
+
+def test_no_attention_decoder_equals_a_whole_sequence_gru():
+    model = one_layer("rnn-none-gru")
+    src, src_mask, tgt, tgt_mask = toy_batch()
+    decoder = model.decoder
+    with torch.no_grad():
+        encoded = model.encoder(src, src_mask)
+        h0 = torch.tanh(decoder.bridge(encoded.final_hidden)).unsqueeze(0)     # s_0 = tanh(W_b h)
+        reference = torch.nn.GRU(16, 16, batch_first=True)
+        reference.load_state_dict(decoder.rnn.state_dict())               # the same weights
+        states, _ = reference(decoder.embedding(tgt), h0)                  # all steps at once
+        expected = torch.log_softmax(model.generator(states), -1)
+        ours = torch.log_softmax(model(src, src_mask, tgt, tgt_mask), -1)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bahdanau_decoder_equals_its_equations():
+    model = one_layer("bahdanau-additive")
+    src, src_mask, tgt, tgt_mask = toy_batch()
+    decoder, attention = model.decoder, model.decoder.attention
+    with torch.no_grad():
+        encoded = model.encoder(src, src_mask)
+        h = encoded.states                                                 # (B, S, 2H)
+        s = torch.tanh(decoder.bridge(encoded.final_hidden))              # s_0
+        expected = []
+        for t in range(tgt.size(1)):
+            y = decoder.embedding(tgt[:, t])                               # y_{i-1}
+            e = attention.energy(torch.tanh(attention.key_layer(h)
+                                            + attention.query_layer(s).unsqueeze(1))).squeeze(-1)
+            alpha = softmax_over_source(e, src_mask)                       # from s_{i-1}
+            c = (alpha.unsqueeze(-1) * h).sum(1)                           # c_i
+            s = gru_cell(torch.cat([y, c], -1), s, decoder.rnn)            # s_i = f(s_{i-1}, y, c)
+            pieces = decoder.readout(torch.cat([s, y, c], -1))             # U s + V y + C c
+            maxout = pieces.view(pieces.size(0), -1, 2).amax(-1)
+            expected.append(torch.log_softmax(model.generator(maxout), -1))
+        ours = torch.log_softmax(model(src, src_mask, tgt, tgt_mask), -1)
+    torch.testing.assert_close(ours, torch.stack(expected, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_luong_decoder_equals_its_equations():
+    model = one_layer("luong-general", cell="lstm")
+    src, src_mask, tgt, tgt_mask = toy_batch()
+    decoder, attention = model.decoder, model.decoder.attention
+    with torch.no_grad():
+        encoded = model.encoder(src, src_mask)
+        h = encoded.states
+        s = torch.tanh(decoder.bridge(encoded.final_hidden))
+        cell = torch.tanh(decoder.cell_bridge(encoded.final_cell))
+        feed = torch.zeros_like(s)                                         # h~_0
+        expected = []
+        for t in range(tgt.size(1)):
+            x = torch.cat([decoder.embedding(tgt[:, t]), feed], -1)       # input feeding
+            s, cell = lstm_cell(x, s, cell, decoder.rnn)                   # s_t
+            e = torch.einsum("bd,bsd->bs", s, attention.key_to_query(h))   # s_t^T W h_j
+            alpha = softmax_over_source(e, src_mask)
+            c = (alpha.unsqueeze(-1) * h).sum(1)
+            feed = torch.tanh(decoder.combine(torch.cat([c, s], -1)))     # h~_t = tanh(W_c[c; s])
+            expected.append(torch.log_softmax(model.generator(feed), -1))
+        ours = torch.log_softmax(model(src, src_mask, tgt, tgt_mask), -1)
+    torch.testing.assert_close(ours, torch.stack(expected, 1), atol=1e-5, rtol=1e-5)

@@ -18,6 +18,27 @@ from conftest import make_model, toy_batch
 SEARCH_ARCHS = ["transformer-post", "bahdanau-additive", "luong-general", "rnn-none-gru"]
 
 
+@pytest.mark.parametrize("name", ["transformer", "rnn", "none"])
+def test_beam_of_one_equals_greedy_on_trained_models(tiny_runs, name):
+    # Trained models end their outputs with EOS well before the length limit, so this runs
+    # the EOS and early-stop paths, which untrained models (below) seldom reach.
+    from attnmt.data.batching import source_tensor
+    from attnmt.data.numbers import numbers_corpus
+    from attnmt.translator import Translator
+
+    translator = Translator.from_run(tiny_runs[name])
+    sources = numbers_corpus("test", "de", "en", 999, {"train": 0, "valid": 0, "test": 40}, 3).source
+    src, src_mask = source_tensor(translator.source_tokenizer.encode_batch(sources))
+    greedy = greedy_search(translator.model, src, src_mask, max_len_a=2.0, max_len_b=5)
+    beam = beam_search(translator.model, src, src_mask, beam=1, alpha=0.0, max_len_a=2.0, max_len_b=5)
+    limits = (src_mask.sum(-1).squeeze(1) - 1) * 2 + 5
+    ended_early = [len(g.tokens) + 1 < limit for g, limit in zip(greedy, limits.tolist())]
+    assert sum(ended_early) >= 30, "the outputs should end with EOS, not at the limit"
+    for g, (b,) in zip(greedy, beam):
+        assert g.tokens == b.tokens
+        assert g.score == pytest.approx(b.score, abs=1e-5)
+
+
 @pytest.mark.parametrize("arch_name", SEARCH_ARCHS)
 def test_beam_of_one_equals_greedy(arch_name):
     model = make_model(arch_name)
@@ -177,11 +198,12 @@ def test_top_candidates_selects_over_beams_and_tokens():
 def test_min_and_max_length():
     model = make_model("transformer-post")
     src, src_mask, _, _ = toy_batch()
+    # At most 3 tokens with EOS (limit 3) and no EOS before 2 tokens: exactly 2.
     for hypothesis in greedy_search(model, src, src_mask, max_len_a=0.0, max_len_b=3, min_len=2):
-        assert 2 <= len(hypothesis.tokens) <= 3
+        assert len(hypothesis.tokens) == 2
     for (hypothesis,) in beam_search(model, src, src_mask, beam=3, max_len_a=0.0, max_len_b=3,
                                      min_len=2):
-        assert 2 <= len(hypothesis.tokens) <= 2
+        assert len(hypothesis.tokens) == 2
 
 
 def forced_attention(model, src, src_mask, tokens: list[int]) -> torch.Tensor:

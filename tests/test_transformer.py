@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnmt.masks import causal_mask, padding_mask
-from attnmt.transformer import DecoderLayer, EncoderLayer, sinusoidal_table
+from attnmt.transformer import DecoderLayer, EncoderLayer, LayerSettings, sinusoidal_table
 
 D, H, FFN = 16, 4, 32
 
@@ -27,6 +27,11 @@ def copy_attention(ours, theirs):
         layer.bias.copy_(bias)
 
 
+def settings(pre_norm: bool) -> LayerSettings:
+    return LayerSettings(d_model=D, heads=H, ffn_dim=FFN, dropout=0.0, attention_dropout=0.0,
+                         ffn_dropout=0.0, pre_norm=pre_norm)
+
+
 def copy_common(ours, theirs, norms):
     ours.ffn.net[0].load_state_dict(theirs.linear1.state_dict())
     ours.ffn.net[3].load_state_dict(theirs.linear2.state_dict())
@@ -37,7 +42,7 @@ def copy_common(ours, theirs, norms):
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_encoder_layer_matches_torch(pre_norm):
     torch.manual_seed(0)
-    ours = EncoderLayer(D, H, FFN, 0.0, 0.0, 0.0, pre_norm).eval()
+    ours = EncoderLayer(settings(pre_norm)).eval()
     theirs = torch.nn.TransformerEncoderLayer(D, H, FFN, dropout=0.0, batch_first=True,
                                               norm_first=pre_norm).eval()
     with torch.no_grad():
@@ -55,7 +60,7 @@ def test_encoder_layer_matches_torch(pre_norm):
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_decoder_layer_matches_torch(pre_norm):
     torch.manual_seed(0)
-    ours = DecoderLayer(D, H, FFN, 0.0, 0.0, 0.0, pre_norm).eval()
+    ours = DecoderLayer(settings(pre_norm)).eval()
     theirs = torch.nn.TransformerDecoderLayer(D, H, FFN, dropout=0.0, batch_first=True,
                                               norm_first=pre_norm).eval()
     with torch.no_grad():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from attnmt.errors import UserError
-from attnmt.translator import Translator, hard_alignment
+from attnmt.translator import TranslatedHypothesis, Translation, Translator, hard_alignment
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,24 @@ def test_alignment_pairs_are_word_indices(run):
                            translator.target_tokenizer)
     target_words = len(translation.best.text.split())
     assert pairs and all(i == 0 and 0 <= j < max(target_words, 1) for i, j in pairs)
+
+
+def test_alignment_maps_pieces_to_words_over_several_words(run):
+    # "▁zwei ▁hunde ▁spie len" -> "▁two ▁dog s ▁play": pieces attend as the matrix says;
+    # pairs are (source word, target word), from the last layer with heads averaged.
+    translator = Translator.from_run(run)
+    source_pieces = ["\u2581zwei", "\u2581hunde", "\u2581spie", "len"]
+    target_pieces = ["\u2581two", "\u2581dog", "s", "\u2581play"]
+    attention = torch.zeros(len(target_pieces) + 1, 2, 2, len(source_pieces) + 1)
+    last_layer = torch.tensor([[0.7, 0.1, 0.1, 0.0, 0.1],     # two  -> zwei (word 0)
+                               [0.1, 0.6, 0.2, 0.0, 0.1],     # dog  -> hunde (word 1)
+                               [0.0, 0.8, 0.1, 0.0, 0.1],     # s    -> hunde (word 1)
+                               [0.0, 0.1, 0.2, 0.6, 0.1],     # play -> len, in spielen (word 2)
+                               [0.0, 0.0, 0.0, 0.0, 1.0]])    # EOS step
+    attention[:, 1, 0], attention[:, 1, 1] = last_layer, last_layer          # both heads
+    attention[:, 0] = torch.eye(5)[[4, 3, 2, 1, 0]].unsqueeze(1)             # the first layer: ignored
+    hypothesis = TranslatedHypothesis("two dogs play", 0.0, 0.0, target_pieces, [5, 6, 7, 8], attention)
+    translation = Translation("zwei hunde spielen", source_pieces, [hypothesis])
+    pairs = hard_alignment(translation, hypothesis, translator.source_tokenizer,
+                           translator.target_tokenizer)
+    assert pairs == [(0, 0), (1, 1), (2, 2)]

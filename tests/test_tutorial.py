@@ -1,0 +1,69 @@
+"""docs/tutorial.ipynb runs from a clean kernel, and its committed outputs are the current code's.
+
+Render the outputs after changing the notebook or the code it shows:
+
+    python tests/test_tutorial.py --render
+
+Cells tagged ``trained`` show results of training (they vary with the machine) and are
+only required to run; every other cell's text output must equal the committed one
+(numbers to 2e-3, so another CPU's last bits do not matter).
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the dev extra is not installed")
+nbclient = pytest.importorskip("nbclient", reason="the dev extra is not installed")
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "docs" / "tutorial.ipynb"
+NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+
+
+def execute(notebook):
+    client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client.execute()
+    return notebook
+
+
+def text_outputs(cell) -> list[str]:
+    texts = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream" and output.get("name") == "stdout":
+            texts.append(output["text"])
+        elif output.get("output_type") in ("execute_result", "display_data"):
+            if "image/png" not in output.get("data", {}):
+                texts.append(output["data"].get("text/plain", ""))
+    return texts
+
+
+def same_text(ours: str, committed: str) -> bool:
+    if NUMBER.sub("#", ours) != NUMBER.sub("#", committed):
+        return False
+    pairs = zip(NUMBER.findall(ours), NUMBER.findall(committed))
+    return all(abs(float(a) - float(b)) <= 2e-3 for a, b in pairs)
+
+
+def test_tutorial_runs_and_its_outputs_are_current():
+    committed = nbformat.read(NOTEBOOK, as_version=4)
+    fresh = execute(nbformat.read(NOTEBOOK, as_version=4))
+    errors = [output for cell in fresh.cells for output in cell.get("outputs", [])
+              if output.get("output_type") == "error"]
+    assert not errors, errors
+    for number, (ours, theirs) in enumerate(zip(fresh.cells, committed.cells)):
+        if ours.cell_type != "code" or "trained" in ours.metadata.get("tags", []):
+            continue
+        ours_text, theirs_text = text_outputs(ours), text_outputs(theirs)
+        assert len(ours_text) == len(theirs_text) and all(
+            same_text(a, b) for a, b in zip(ours_text, theirs_text)), (
+            f"cell {number} prints something else than the committed notebook; "
+            f"render it again: python tests/test_tutorial.py --render\n{ours_text}\n{theirs_text}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--render"]:
+    rendered = execute(nbformat.read(NOTEBOOK, as_version=4))
+    nbformat.write(rendered, NOTEBOOK)
+    print(f"rendered {NOTEBOOK}")
