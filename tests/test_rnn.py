@@ -61,8 +61,6 @@ def test_no_attention_decoder_sees_source_only_through_initial_state():
 
 
 def test_local_attention_decoder_zero_outside_window():
-    model = make_model("luong-local-general")
-    src, src_mask, _, _ = toy_batch()
     attention = first_step_attention("luong-local-general", BOS_ID)
     nonzero = (attention > 0).sum(-1)
     assert (nonzero <= 2 * 2 + 1).all()                     # local_window 2 in conftest
