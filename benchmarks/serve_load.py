@@ -1,17 +1,19 @@
 """Load test of `attnmt serve`: N requests from C concurrent clients on loopback.
 
     python benchmarks/serve_load.py RUN [--requests 1000] [--clients 50] [--beam 5]
+        [--engines torch ctranslate2] [--micro-batching on off]
 
-Starts the server twice (micro-batching on, then off) in a subprocess, sends one
-sentence of Multi30k test_2016_flickr per request (cycling), and prints the number of
-failed or lost requests, throughput and p50/p99 latency.
+Starts the server once per engine (PyTorch, or CTranslate2 int8 exported into the run
+first) and micro-batching mode, in a subprocess; sends one sentence of Multi30k
+test_2016_flickr per request (cycling), and prints the number of failed or lost
+requests, throughput and p50/p99 latency.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -79,6 +81,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--engines", nargs="+", default=["torch", "ctranslate2"])
+    parser.add_argument("--micro-batching", nargs="+", default=["on"], choices=["on", "off"])
     parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     args = parser.parse_args()
@@ -89,13 +93,17 @@ def main() -> None:
     texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr", config.data.src_lang))
     print(f"{args.requests} requests, {args.clients} concurrent clients, beam {args.beam}, "
           f"{args.threads} threads, loopback\n")
-    print("| micro-batching | answered | failed | seconds | requests/s | p50 s | p99 s |")
-    print("|---|---|---|---|---|---|---|")
-    for micro_batch in (True, False):
+    print("| engine | micro-batching | answered | failed | seconds | requests/s | p50 s | p99 s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for engine, mode in ((engine, mode) for engine in args.engines for mode in args.micro_batching):
+        if engine == "ctranslate2":           # export before the clock: not part of serving
+            from attnmt.translator import Translator
+
+            Translator.from_run(args.run, engine="ctranslate2")
         port = free_port()
         command = [sys.executable, "-m", "attnmt", "serve", args.run, "--port", str(port),
-                   "--threads", str(args.threads), "--max-texts", "64"]
-        if not micro_batch:
+                   "--threads", str(args.threads), "--max-texts", "64", "--engine", engine]
+        if mode == "off":
             command.append("--no-micro-batch")
         server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         try:
@@ -105,7 +113,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
-        print(f"| {'on' if micro_batch else 'off'} | {result['answered']} | {result['failed']} | "
+        print(f"| {engine} | {mode} | {result['answered']} | {result['failed']} | "
               f"{result['seconds']:.1f} | {result['answered'] / result['seconds']:.1f} | "
               f"{result['p50']:.2f} | {result['p99']:.2f} |", flush=True)
 
