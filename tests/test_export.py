@@ -100,3 +100,27 @@ def test_cli_exports_once_and_translates_with_either_engine(tiny_runs, tmp_path)
     assert "CTranslate2 runs Transformers only" in rnn.stderr
     sampled = attnmt("translate", str(run), "--engine", "ctranslate2", "--sample")
     assert sampled.returncode == 1 and "sampling runs on the PyTorch engine only" in sampled.stderr
+
+
+def test_server_on_the_ctranslate2_engine(tiny_runs):
+    from fastapi.testclient import TestClient
+
+    from attnmt.serve import create_app
+
+    translator = Translator.from_run(tiny_runs["transformer"], engine="ctranslate2",
+                                     quantization="float32")
+    with TestClient(create_app(translator)) as client:
+        info = client.get("/info").json()
+        assert (info["engine"], info["layers"], info["heads"]) == ("ctranslate2", 1, 1)
+        assert info["has_self_attention"] is False and "CTranslate2, float32" in info["model"]
+        data = client.post("/translate", json={"texts": ["dreihundertzwölf", ""], "beam": 3,
+                                               "n_best": 2, "attention": True}).json()
+        first, empty = data["translations"]
+        assert len(first["hypotheses"]) == 2 and empty["translation"] == ""
+        grid = first["hypotheses"][0]["attention"]                  # [layer][head][target][source]
+        assert len(grid) == 1 and len(grid[0]) == 1
+        assert len(grid[0][0]) == len(first["hypotheses"][0]["tokens"]) + 1
+        refused = client.post("/translate", json={"text": "sieben", "self_attention": True})
+        assert refused.status_code == 422
+        sampled = client.post("/translate", json={"text": "sieben", "sample": {}})
+        assert sampled.status_code == 422 and "PyTorch engine only" in sampled.json()["error"]
