@@ -236,7 +236,9 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     * the plain path (reference) materialises the weights and returns ``(out, weights)``;
     * ``chunk_size``: the memory-efficient online-softmax algorithm over blocks of
       queries and keys; never builds the ``Tq x Tk`` matrix; returns ``(out, None)``;
-    * ``need_weights=False``: PyTorch's fused kernel, returns ``(out, None)``.
+    * ``need_weights=False``: PyTorch's fused kernel, returns ``(out, None)``; except for a
+      single query (a decoding step), where the plain path measured 2-3x faster than the
+      fused kernel on CPU (5,000 rows, 4 heads, 20-40 keys).
 
     ``mask`` is bool, broadcastable to ``(..., Tq, Tk)``, True = attend.
     ``dropout_p`` drops attention weights (training only; the caller passes 0 in eval).
@@ -248,14 +250,14 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if dropout_p:
             raise ValueError("the chunked attention path has no dropout; use it for inference")
         return _chunked_attention(q, k, v, mask, chunk_size, scale), None
-    if not need_weights:
+    if not need_weights and q.size(-2) > 1:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                              scale=scale)
         return out, None
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     weights = masked_softmax(scores, mask)
     dropped = F.dropout(weights, dropout_p) if dropout_p else weights
-    return torch.matmul(dropped, v), weights
+    return torch.matmul(dropped, v), weights if need_weights else None
 
 
 def _chunked_attention(q, k, v, mask, chunk_size, scale):

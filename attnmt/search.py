@@ -167,11 +167,14 @@ def top_candidates(cumulative: torch.Tensor, log_probs: torch.Tensor, count: int
 
     ``cumulative (N, K)`` beam scores, ``log_probs (N, K, V)`` -> the best ``count`` of the
     ``K x V`` extensions per sentence: ``(scores, beam indices, tokens)``, each ``(N, count)``.
+    The best ``count`` overall are among each beam's best ``count``, so those are taken
+    first: the ``K x V`` sums are never formed.
     """
-    vocab = log_probs.size(-1)
-    flat = (cumulative.unsqueeze(-1) + log_probs).flatten(1)
+    per_beam = min(count, log_probs.size(-1))
+    beam_scores, beam_tokens = log_probs.topk(per_beam, dim=-1)             # (N, K, c)
+    flat = (cumulative.unsqueeze(-1) + beam_scores).flatten(1)               # (N, K * c)
     scores, indices = flat.topk(min(count, flat.size(1)), dim=1)
-    return scores, indices // vocab, indices % vocab
+    return scores, indices // per_beam, beam_tokens.flatten(1).gather(1, indices)
 
 
 @dataclass
@@ -179,7 +182,7 @@ class _Beams:
     """The live hypotheses of every sentence still searching, K rows per sentence."""
     sentences: list[int]                  # original index of each live sentence, in row order
     cumulative: torch.Tensor              # (N, K) summed log-probabilities
-    history: torch.Tensor                 # (N * K, t) tokens so far
+    history: torch.Tensor                 # (N * K, t) tokens so far (N rows at the first step)
     attention: torch.Tensor | None        # (N * K, t, ...) attention so far
 
 
@@ -196,18 +199,18 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
     """
     batch, k = src.size(0), beam
     memory = model.encode(src, src_mask)
-    memory = memory.index_select(torch.arange(batch, device=src.device).repeat_interleave(k))
     limits = max_output_lengths(src_mask, max_len_a, max_len_b).tolist()
-    cumulative = torch.full((batch, k), float("-inf"), device=src.device)
-    cumulative[:, 0] = 0.0                                    # one live beam at the start
-    beams = _Beams(list(range(batch)), cumulative,
-                   torch.empty(batch * k, 0, dtype=torch.long, device=src.device), None)
+    # The first step has one live beam per sentence: it runs on the sentences alone (width
+    # 1), and state and memory are tiled to k rows per sentence afterwards.
+    width = 1
+    beams = _Beams(list(range(batch)), torch.zeros(batch, 1, device=src.device),
+                   torch.empty(batch, 0, dtype=torch.long, device=src.device), None)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    prev = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=src.device)
+    prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     state = None
     for step in range(max(limits)):
         log_probs, state, attention = model.decode_step(prev, state, memory, need_attention)
-        log_probs = _constrain(log_probs.view(len(beams.sentences), k, -1), step, min_len,
+        log_probs = _constrain(log_probs.view(len(beams.sentences), width, -1), step, min_len,
                                [limits[s] for s in beams.sentences])
         if attention is not None:
             step_attention = attention.float().unsqueeze(1)
@@ -215,14 +218,16 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
                 torch.cat([beams.attention, step_attention], dim=1)
         scores, origins, tokens = top_candidates(beams.cumulative, log_probs, 2 * k)
         rows, next_tokens, next_scores, keep = _advance(beams, scores, origins, tokens, step, k,
-                                                        alpha, limits, n_best, finished)
+                                                        width, alpha, limits, n_best, finished)
         if not keep:
             break
         rows = torch.tensor(rows, device=src.device)
         state = state.index_select(rows)
-        if len(keep) < len(beams.sentences):                  # sentences finished: drop their rows
-            kept_rows = torch.tensor([i * k + j for i in keep for j in range(k)], device=src.device)
+        if width == 1 or len(keep) < len(beams.sentences):     # tile, or drop finished sentences
+            kept_rows = torch.tensor([i * width + (j if width > 1 else 0) for i in keep
+                                      for j in range(k)], device=src.device)
             memory = memory.index_select(kept_rows)
+        width = k
         prev = torch.tensor(next_tokens, device=src.device)
         beams = _Beams([beams.sentences[i] for i in keep],
                        torch.tensor(next_scores, device=src.device).view(len(keep), k),
@@ -244,11 +249,13 @@ def _constrain(log_probs: torch.Tensor, step: int, min_len: int, limits: list[in
     return log_probs
 
 
-def _advance(beams: _Beams, scores, origins, tokens, step, k, alpha, limits, n_best, finished):
+def _advance(beams: _Beams, scores, origins, tokens, step, k, width, alpha, limits, n_best,
+             finished):
     """Finish EOS candidates, keep the best ``k`` others per sentence, decide who goes on.
 
-    Returns the rows to continue from, their new tokens and scores, and the positions
-    (in ``beams.sentences``) of the sentences still searching.
+    ``width`` is the number of rows per sentence at this step (1 at the first). Returns the
+    rows to continue from, their new tokens and scores, and the positions (in
+    ``beams.sentences``) of the sentences still searching.
     """
     rows, next_tokens, next_scores, keep = [], [], [], []
     scores, origins, tokens = scores.tolist(), origins.tolist(), tokens.tolist()
@@ -257,7 +264,7 @@ def _advance(beams: _Beams, scores, origins, tokens, step, k, alpha, limits, n_b
         for rank, (score, origin, token) in enumerate(zip(scores[i], origins[i], tokens[i])):
             if score == float("-inf") or len(live) == k:
                 break
-            row = i * k + origin
+            row = i * width + origin
             if token == EOS_ID:
                 if rank < k:                                  # an EOS must rank within the beam
                     finished[sentence].append(_finished(beams, row, score, step, alpha))
