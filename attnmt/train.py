@@ -236,7 +236,7 @@ class Trainer:
 
         Gradients are those of the summed loss over all ranks' target tokens divided by
         their count, exactly as one process would compute them on the union of the batches.
-        Returns (loss per target token, target tokens), both over all ranks.
+        Returns (this rank's summed loss, target tokens over all ranks).
         """
         self.model.train()
         local_tokens = sum(batch.target_tokens for batch in batches)
@@ -261,17 +261,27 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.average is not None:
             self.average.update(self.model, self.progress.step)
-        (total,) = all_reduce_sum([total.item()], self.cluster, self.device)
-        return total / tokens, int(tokens)
+        return total.item(), int(tokens)
+
+    def share_step(self, local_loss: float, seconds: float) -> tuple[float, float]:
+        """The summed loss over all ranks and rank 0's time for the step, in one collective.
+
+        Every rank adds rank 0's time to its clock, so the schedule's progress (and with it
+        the learning rate) and the time budget are the same on every rank: the replicas stay
+        equal and stop at the same step without a message of their own.
+        """
+        main_seconds = seconds if self.cluster.is_main else 0.0
+        loss, seconds = all_reduce_sum([local_loss, main_seconds], self.cluster, self.device)
+        return loss, seconds
 
     def should_stop(self) -> bool:
-        """Budgets and early stopping, decided by rank 0 for every rank."""
+        """Budgets and early stopping. Every rank holds the same progress (rank 0's step
+        times, validation outcomes shared), so every rank decides alike."""
         config, progress = self.train_config, self.progress
-        stop = bool(progress.finished
+        return bool(progress.finished
                     or (config.max_steps and progress.step >= config.max_steps)
                     or (config.max_epochs and progress.epoch >= config.max_epochs)
                     or (config.max_minutes and progress.train_seconds >= config.max_minutes * 60))
-        return broadcast_object(stop, self.cluster)
 
     def fit(self) -> Progress:
         if self.run.exists():
@@ -286,8 +296,9 @@ class Trainer:
         while not stop:
             start = self.clock()
             batches = [next(stream) for _ in range(self.train_config.accumulate)]
-            loss, tokens = self.train_step(batches)
-            seconds = self.clock() - start
+            local_loss, tokens = self.train_step(batches)
+            loss, seconds = self.share_step(local_loss, self.clock() - start)
+            loss /= tokens
             self.progress.train_seconds += seconds
             self.progress.elapsed += seconds          # validation time is added below
             window_loss, window_steps = window_loss + loss, window_steps + 1

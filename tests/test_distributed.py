@@ -138,6 +138,47 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tiny_co
         assert float(ddp_losses[step]) == pytest.approx(float(one_losses[step]), abs=1e-5)
 
 
+# Run by torchrun: a time-budgeted run whose ranks' clocks disagree (rank r's step takes
+# r + 1 seconds). Every rank must follow one clock (the learning rate depends on it), so the
+# replicas end equal; rank 0 prints the steps and whether they are.
+REPLICAS_SCRIPT = """
+import itertools
+import sys
+import torch
+from attnmt.config import load_config
+from attnmt.distributed import gather_objects, init_cluster, shutdown
+from attnmt.run import RunDirectory, prepare_data
+from attnmt.train import Trainer
+
+config_path, run_dir, *overrides = sys.argv[1:]
+config = load_config(config_path, overrides)
+cluster = init_cluster("cpu")
+run = RunDirectory(run_dir)
+run.path.mkdir(exist_ok=True)
+ticks = itertools.count()
+clock = lambda: next(ticks) * (cluster.rank + 1)     # read at start and end of a step: r + 1 s
+trainer = Trainer(config, run, prepare_data(config, run, cluster), cluster, clock=clock)
+progress = trainer.fit()
+weights = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+replicas = gather_objects((progress.step, weights), cluster)
+if cluster.is_main:
+    print("steps", [step for step, _ in replicas], "equal", torch.equal(replicas[0][1], replicas[1][1]))
+shutdown(cluster)
+"""
+
+
+def test_replicas_follow_one_clock_under_a_time_budget(tiny_config, tmp_path):
+    script = tmp_path / "replicas.py"
+    script.write_text(REPLICAS_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(free_port()), str(script), str(tiny_config),
+                          str(tmp_path / "run"), *NO_DROPOUT, "train.max_steps=0",
+                          "train.max_minutes=0.1", "train.schedule=linear", "train.warmup=2"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "steps [6, 6] equal True" in run.stdout      # 6 s of rank 0's time, one second a step
+
+
 def test_attnmt_starts_the_processes_itself(tiny_config, tmp_path):
     # `attnmt train ... --nproc-per-node 2` runs what torchrun runs: the same weights.
     options = ["train.max_steps=4", *NO_DROPOUT]
