@@ -6,8 +6,9 @@ Trains with ``attnmt train`` (resuming the run if it exists; an ended run is onl
 scored), translates ``test_2016_flickr`` with the config's decoding settings (beam 5,
 alpha 0.6 in the presets) and prints one row of the README's results table:
 parameters, training minutes, updates, target tokens/s, sacreBLEU BLEU and chrF cased
-and lowercased. The row is also written to ``DIR/quality.json``. The budget is
-wall-clock minutes, so run it with nothing else on the machine.
+and lowercased. The row is also written to ``DIR/quality.json``. The budget is minutes
+of training time (validation not counted), so the result depends on the machine's
+speed: run it with nothing else on the machine.
 """
 
 from __future__ import annotations
