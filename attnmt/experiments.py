@@ -227,6 +227,7 @@ def softmax_statistics(d_k: int, scaled: bool, queries: int = 64, keys: int = 32
     weights = torch.softmax(scores, dim=-1)
     upstream = torch.randn(weights.shape, generator=generator)
     (weights * upstream).sum().backward()
+    weights = weights.detach()
     entropy = -(weights * weights.clamp_min(1e-30).log()).sum(-1).mean()
     return float(entropy), float(weights.max(-1).values.mean()), float(scores.grad.norm(dim=-1).mean())
 
