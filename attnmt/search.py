@@ -224,9 +224,8 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
         rows = torch.tensor(rows, device=src.device)
         state = state.index_select(rows)
         if width == 1 or len(keep) < len(beams.sentences):     # tile, or drop finished sentences
-            kept_rows = torch.tensor([i * width + (j if width > 1 else 0) for i in keep
-                                      for j in range(k)], device=src.device)
-            memory = memory.index_select(kept_rows)
+            first_rows = torch.tensor(keep, device=src.device) * width    # a sentence's rows are equal
+            memory = memory.index_select(first_rows.repeat_interleave(k))
         width = k
         prev = torch.tensor(next_tokens, device=src.device)
         beams = _Beams([beams.sentences[i] for i in keep],
