@@ -81,11 +81,13 @@ class CTranslate2Engine:
                             "samples are repeatable per sentence, the C++ engine's are not")
         limits = [max(1, int(len(ids) * options.max_len_a + options.max_len_b)) for ids in sources]
         order = sorted(range(len(sources)), key=lambda i: limits[i])
-        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        results: list[list[Hypothesis]] = [[] for _ in sources]
         submitted = []
         for limit, group in groupby(order, key=lambda i: limits[i]):
             group = list(group)
             if limit == 1:                 # only EOS fits; the engine decodes at least a token
+                for index in group:
+                    results[index] = [Hypothesis([], 0.0, 0.0)]
                 continue
             pending = self.engine.translate_batch(          # queued: the engine's threads share them
                 [[self.source_tokenizer.id_to_piece(i) for i in sources[index]] for index in group],

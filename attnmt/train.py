@@ -223,10 +223,9 @@ class Trainer:
     def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32); masks are built on the device."""
         module = module or self.loss_module
-        blocking = self.device.type == "cpu"
         with self.autocast():
-            return module(*(tensor.to(self.device, non_blocking=not blocking)
-                            for tensor in (batch.src, batch.tgt_in, batch.tgt_out)), label_smoothing)
+            return module(*(tensor.to(self.device) for tensor in (batch.src, batch.tgt_in, batch.tgt_out)),
+                          label_smoothing)
 
     def budget_progress(self) -> float:
         return budget_progress(self.progress.step, self.progress.train_seconds, self.train_config)

@@ -10,7 +10,7 @@ from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
 from attnmt.export import export_run
 from attnmt.train import train
-from attnmt.translator import Translator
+from attnmt.translator import SearchOptions, Translator
 
 from conftest import TINY
 
@@ -66,6 +66,21 @@ def test_n_best_empty_input_and_attention(exported):
         ours = c_engine.translate(["dreihundertzwölf"], beam=1, need_attention=True)[0].best.attention
         expected = reference.attention[:-1, -1].mean(dim=1)          # last layer, heads averaged
         torch.testing.assert_close(ours[:-1, 0, 0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_length_limits_of_one_token_give_the_empty_output_in_a_mixed_batch(exported):
+    # Limit = int(0.5 * source tokens): 1 for the short sources (only EOS fits), more for the
+    # long ones; the engine is called once per limit and the answers must land in order.
+    torch_engine, c_engine = exported
+    sources = [torch_engine.source_tokenizer.encode(text) for text in SOURCES[:40]]
+    assert {max(1, len(ids) // 2) == 1 for ids in sources} == {True, False}
+    options = SearchOptions(beam=1, alpha=0.0, n_best=1, max_len_a=0.5, max_len_b=0, min_len=0,
+                            need_attention=False)
+    ours = torch_engine.engine.search(sources, options)
+    theirs = c_engine.engine.search(sources, options)
+    assert [[h.tokens for h in row] for row in theirs] == [[h.tokens for h in row] for row in ours]
+    assert [row[0].tokens for row, ids in zip(theirs, sources) if len(ids) < 4] == \
+        [[] for ids in sources if len(ids) < 4]
 
 
 def test_rnn_runs_missing_extra_and_non_empty_folders_are_refused(tiny_runs, tmp_path, monkeypatch):
