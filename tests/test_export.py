@@ -73,14 +73,14 @@ def test_length_limits_of_one_token_give_the_empty_output_in_a_mixed_batch(expor
     # long ones; the engine is called once per limit and the answers must land in order.
     torch_engine, c_engine = exported
     sources = [torch_engine.source_tokenizer.encode(text) for text in SOURCES[:40]]
-    assert {max(1, len(ids) // 2) == 1 for ids in sources} == {True, False}
+    short = [len(ids) // 2 <= 1 for ids in sources]            # max(1, int(0.5 * length)) == 1
+    assert any(short) and not all(short)
     options = SearchOptions(beam=1, alpha=0.0, n_best=1, max_len_a=0.5, max_len_b=0, min_len=0,
                             need_attention=False)
     ours = torch_engine.engine.search(sources, options)
     theirs = c_engine.engine.search(sources, options)
     assert [[h.tokens for h in row] for row in theirs] == [[h.tokens for h in row] for row in ours]
-    assert [row[0].tokens for row, ids in zip(theirs, sources) if len(ids) < 4] == \
-        [[] for ids in sources if len(ids) < 4]
+    assert [row[0].tokens for row, is_short in zip(theirs, short) if is_short] == [[]] * sum(short)
 
 
 def test_rnn_runs_missing_extra_and_non_empty_folders_are_refused(tiny_runs, tmp_path, monkeypatch):

@@ -312,15 +312,15 @@ class FixedDraw:
         return self.value
 
 
-@pytest.mark.parametrize("top_p, draw, token", [(1.0, 0.0, EOS_ID), (0.5, 0.0, A), (1.0, 0.9999, B)])
-def test_edge_draws_never_pick_a_token_without_mass(monkeypatch, top_p, draw, token):
+@pytest.mark.parametrize("top_p, draw, first", [(1.0, 0.0, []), (0.5, 0.0, [A]), (1.0, 0.9999, [B])])
+def test_edge_draws_never_pick_a_token_without_mass(monkeypatch, top_p, draw, first):
     # The tokens below EOS have no mass, so their cumulative mass equals 0: a draw of exactly 0
     # must pass them (the first token whose mass exceeds the draw), not stop at token 0.
     monkeypatch.setattr("attnmt.search._generator", lambda *args: FixedDraw(draw))
     src = torch.tensor([[A, EOS_ID]])
     (samples,) = sample_search(Scripted(), src, padding_mask(src, PAD_ID), Sampling(top_p=top_p),
                                max_len_a=0.0, max_len_b=2)
-    assert samples[0].tokens[:1] == ([] if token == EOS_ID else [token])
+    assert samples[0].tokens[:1] == first            # [] when EOS is drawn
 
 
 def test_bad_sampling_settings_are_refused():
