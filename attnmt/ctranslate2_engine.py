@@ -85,13 +85,14 @@ class CTranslate2Engine:
         submitted = []
         for limit, group in groupby(order, key=lambda i: limits[i]):
             group = list(group)
+            pieces = [[self.source_tokenizer.id_to_piece(i) for i in sources[index]] for index in group]
             if limit == 1:                 # only EOS fits; the engine decodes at least a token
-                for index in group:
-                    results[index] = [Hypothesis([], 0.0, 0.0)]
+                for index, scored in zip(group, self.engine.score_batch(pieces, [[]] * len(group))):
+                    log_prob = sum(scored.log_probs)                  # log P(EOS | source)
+                    results[index] = [Hypothesis([], log_prob, log_prob)]
                 continue
             pending = self.engine.translate_batch(          # queued: the engine's threads share them
-                [[self.source_tokenizer.id_to_piece(i) for i in sources[index]] for index in group],
-                max_batch_size=BATCH_SENTENCES, asynchronous=True,
+                pieces, max_batch_size=BATCH_SENTENCES, asynchronous=True,
                 beam_size=options.beam, num_hypotheses=options.n_best,
                 length_penalty=options.alpha if options.beam > 1 else 0.0,
                 max_decoding_length=limit - 1, min_decoding_length=min(options.min_len, limit - 1),
