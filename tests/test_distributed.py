@@ -80,7 +80,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from attnmt.config import load_config
-from attnmt.distributed import init_cluster, shutdown
+from attnmt.distributed import barrier, init_cluster, shutdown
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer
 
@@ -98,7 +98,8 @@ def record_then_step(*args, **kwargs):
 trainer.optimizer.step = record_then_step
 stream = trainer.batch_stream()
 trainer.train_step([next(stream) for _ in range(config.train.accumulate)])
-shutdown(cluster)                  # leave the process group together, not one by one
+barrier(cluster)                   # leave the process group together, not one by one
+shutdown(cluster)
 """
 
 
@@ -146,7 +147,7 @@ import itertools
 import sys
 import torch
 from attnmt.config import load_config
-from attnmt.distributed import gather_objects, init_cluster, shutdown
+from attnmt.distributed import barrier, gather_objects, init_cluster, shutdown
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer
 
@@ -163,6 +164,7 @@ weights = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
 replicas = gather_objects((progress.step, weights), cluster)
 if cluster.is_main:
     print("steps", [step for step, _ in replicas], "equal", torch.equal(replicas[0][1], replicas[1][1]))
+barrier(cluster)
 shutdown(cluster)
 """
 
