@@ -87,7 +87,8 @@ class CTranslate2Engine:
             group = list(group)
             pieces = [[self.source_tokenizer.id_to_piece(i) for i in sources[index]] for index in group]
             if limit == 1:                 # only EOS fits; the engine decodes at least a token
-                for index, scored in zip(group, self.engine.score_batch(pieces, [[]] * len(group))):
+                scores = self.engine.score_batch(pieces, [[]] * len(group), max_batch_size=BATCH_SENTENCES)
+                for index, scored in zip(group, scores):
                     log_prob = sum(scored.log_probs)                  # log P(EOS | source)
                     results[index] = [Hypothesis([], log_prob, log_prob)]
                 continue
