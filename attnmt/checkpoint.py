@@ -32,10 +32,15 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     if not Path(path).is_file():
         raise UserError(f"checkpoint not found: {path}")
     try:
-        load_model(model, str(path), strict=True)
+        missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, RuntimeError, OSError, ValueError) as error:
-        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        detail = lines[-1][:200] if lines else type(error).__name__
         raise UserError(f"{path} is not a valid checkpoint for this model ({detail})") from None
+    if missing or unexpected:
+        names = "; ".join(f"{kind}: {', '.join(sorted(keys)[:3])}{', ...' if len(keys) > 3 else ''}"
+                          for kind, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+        raise UserError(f"{path} is not a valid checkpoint for this model ({names})")
 
 
 @torch.no_grad()

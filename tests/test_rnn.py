@@ -1,6 +1,10 @@
+import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from attnmt.checkpoint import load_weights, save_weights
 from attnmt.data import BOS_ID
+from attnmt.errors import UserError
 from attnmt.masks import padding_mask
 from attnmt.rnn import RNNEncoder
 
@@ -29,6 +33,27 @@ def test_lstm_encoder_returns_cell_state():
     src = torch.tensor([[5, 6, 2]])
     encoded = encoder(src, padding_mask(src, 0))
     assert encoded.final_cell.shape == (1, 6)
+
+
+def test_embedding_weights_are_n01_over_dim_and_read_at_sqrt_dim():
+    torch.manual_seed(0)
+    encoder = RNNEncoder(vocab_size=4000, embed_dim=64, hidden_dim=6, layers=1, cell="gru",
+                         bidirectional=False, dropout=0.0, pad_id=0)
+    weight = encoder.embedding.weight
+    assert (weight[0] == 0).all()                                     # padding row
+    assert abs(weight[1:].std().item() - 64 ** -0.5) < 0.002          # N(0, 1/dim)
+    tokens = torch.tensor([[3, 0, 7], [9, 9, 1]])
+    torch.testing.assert_close(encoder.embedding(tokens), weight[tokens] * 8.0)
+
+
+def test_rnn_weights_saved_without_the_embedding_scale_fail_to_load(tmp_path):
+    model = make_model("luong-general")
+    path = tmp_path / "older.safetensors"
+    save_weights(model, path)
+    save_file({name: tensor for name, tensor in load_file(str(path)).items()
+               if not name.endswith("embedding.scale")}, str(path))
+    with pytest.raises(UserError, match=f"{path} is not a valid checkpoint for this model .*scale"):
+        load_weights(model, path)
 
 
 def first_step_attention(name, first_token):
