@@ -4,7 +4,8 @@
     python benchmarks/scale.py ddp [--steps 60]
 
 Both train with ``--batch-tokens`` target tokens per batch and process (default 4096, the
-size of the figures in docs/scaling.md; the preset itself now takes 1024).
+size of the figures in docs/scaling.md; the preset itself now takes 1024) in ``--precision``
+(default bf16).
 
 ``corpus``: writes Multi30k de-en training pairs repeated up to ``--pairs`` into a
 temporary folder, runs ``attnmt prepare`` (pairs/s), then ``attnmt train`` for
@@ -99,7 +100,7 @@ def ddp(args) -> None:
         with tempfile.TemporaryDirectory() as temporary:
             settings = ["--set", f"data.dir={args.data}", "--set", f"train.max_steps={args.steps}",
                         "--set", "train.validate_every=100000", "--set", f"train.threads={threads}",
-                        "--set", f"train.log_every={args.steps // 2}",
+                        "--set", f"train.log_every={args.steps // 2}", "--set", f"train.precision={args.precision}",
                         "--set", f"train.batch_tokens={args.batch_tokens}"]
             launcher = [sys.executable, "-m", "attnmt"] if processes == 1 else \
                 [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
