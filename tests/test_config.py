@@ -86,3 +86,16 @@ def test_configuration_document_lists_every_key_with_its_default():
             name = f"{section}.{key}"
             assert name in rows, f"docs/configuration.md does not list {name}"
             assert yaml.safe_load(rows[name] or "''") == default, f"{name}: documented {rows[name]!r}"
+
+
+def test_time_budgeted_presets_schedule_on_the_budget():
+    """A preset with a time budget must decay with it (linear or wsd), not count steps:
+    a step-based schedule is fitted to one machine's update rate."""
+    from pathlib import Path
+
+    presets = sorted((Path(__file__).resolve().parents[1] / "configs").glob("multi30k_*.yaml"))
+    assert len(presets) == 4
+    for preset in presets:
+        train_config = load_config(preset).train
+        assert train_config.max_minutes > 0, preset.name
+        assert train_config.schedule in ("linear", "wsd"), f"{preset.name}: {train_config.schedule}"
