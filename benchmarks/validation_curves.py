@@ -1,15 +1,19 @@
-"""Greedy validation BLEU against training minutes, one line per run, from their log.csv.
+"""Greedy validation BLEU against training minutes, one line per run.
 
-    python benchmarks/validation_curves.py LABEL=RUN [LABEL=RUN ...] --out FIGURE.png
+    python benchmarks/validation_curves.py LABEL=SOURCE [LABEL=SOURCE ...] --out FIGURE.png
         [--title TITLE]
 
-With ``train.ema_decay`` a run logs the moving average's BLEU too; the curve takes the
+A SOURCE is a run directory (its ``log.csv``) or the ``quality.json`` that
+``benchmarks/quality.py`` wrote for a run (its ``valid_curve``), so the figures in
+docs/results.md can be redrawn from the JSON files kept beside them. With
+``train.ema_decay`` a run logs the moving average's BLEU too; the curve takes the
 better of the two at each validation (what ``best.safetensors`` chooses from).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -17,8 +21,23 @@ from matplotlib.figure import Figure
 from attnmt.run import RunDirectory
 
 
-def curve(run: Path) -> tuple[list[float], list[float]]:
+def curve(source: Path) -> tuple[list[float], list[float]]:
     """``(training minutes, validation BLEU)`` at each validation of a run."""
+    if source.suffix == ".json":
+        return curve_from_quality_json(source)
+    return curve_from_log(source)
+
+
+def curve_from_quality_json(path: Path) -> tuple[list[float], list[float]]:
+    """The curve of a quality.json: rows ``[wall min, training min, step, BLEU, EMA BLEU or null]``."""
+    rows = json.loads(path.read_text()).get("valid_curve")
+    if not rows:
+        raise SystemExit(f"{path} has no valid_curve (written before quality.py recorded it)")
+    return [row[1] for row in rows], [max(b for b in row[3:5] if b is not None) for row in rows]
+
+
+def curve_from_log(run: Path) -> tuple[list[float], list[float]]:
+    """The curve of a run directory's log.csv."""
     minutes, bleu = [], []
     for row in RunDirectory(run).read_log():
         if row.get("valid_bleu"):
@@ -31,7 +50,7 @@ def curve(run: Path) -> tuple[list[float], list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", metavar="LABEL=RUN")
+    parser.add_argument("runs", nargs="+", metavar="LABEL=SOURCE")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--title", default="greedy validation BLEU during training")
     args = parser.parse_args()
