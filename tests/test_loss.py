@@ -83,3 +83,22 @@ def test_fp16_autocast_with_gradient_scaling_close_to_fp32():
                                                    label_smoothing=0.1), model.weight)[0]
     torch.testing.assert_close(model.weight.grad, expected, atol=5e-3 * expected.abs().max().item(),
                                rtol=0)
+
+
+def test_words_far_below_the_best_one_keep_the_exact_loss_and_gradient():
+    """Logits spread over hundreds of nats, as a trained model makes them: the floored
+    exponentials (kept out of float32's slow subnormal range) change nothing measurable."""
+    torch.manual_seed(1)
+    generator = torch.nn.Linear(6, 40).double()
+    hidden = torch.randn(9, 6, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        generator.weight.mul_(torch.linspace(0.0, 60.0, 40).unsqueeze(1))  # up to ~300 nats apart
+    targets = torch.randint(1, 40, (9,))
+    ours = projected_cross_entropy(hidden, generator, targets, 0.1, 0, chunk_tokens=4)
+    reference = F.cross_entropy(generator(hidden), targets, ignore_index=0, reduction="sum",
+                                label_smoothing=0.1)
+    torch.testing.assert_close(ours, reference)
+    our_grads = torch.autograd.grad(ours, [hidden, *generator.parameters()])
+    reference_grads = torch.autograd.grad(reference, [hidden, *generator.parameters()])
+    for mine, theirs in zip(our_grads, reference_grads):
+        torch.testing.assert_close(mine, theirs)
