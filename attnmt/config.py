@@ -137,7 +137,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float = 1.0            # 0 = no clipping
     accumulate: int = 1
-    batch_tokens: int = 4096          # target tokens per batch (after accumulation: x accumulate)
+    batch_tokens: int = 4096          # padded tokens per batch (after accumulation: x accumulate)
+    pad_multiple: int = 0             # pad batch lengths to a multiple of this; 0 = 8 in bf16/fp16, 1 in fp32
     max_steps: int = 0                # 0 = no limit
     max_epochs: int = 0
     max_minutes: float = 0.0          # training time; validation and checkpoints not counted
@@ -167,7 +168,7 @@ class TrainConfig:
         for name in ("accumulate", "batch_tokens", "validate_every", "log_every", "keep_checkpoints"):
             _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
-                     "weight_decay", "threads", "average_checkpoints"):
+                     "weight_decay", "threads", "average_checkpoints", "pad_multiple"):
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         _require(0.0 < self.cooldown <= 1.0, f"train.cooldown must be in (0, 1], got {self.cooldown}")
         _require(0.0 <= self.ema_decay < 1.0, f"train.ema_decay must be in [0, 1), got {self.ema_decay}")

@@ -89,6 +89,7 @@ class Trainer:
         device = resolve_device(self.train_config.device)
         self.device = torch.device("cuda", cluster.local_rank) if device.type == "cuda" else device
         self.autocast_dtype = resolve_precision(self.train_config.precision, self.device)
+        self.pad_multiple = self.train_config.pad_multiple or (1 if self.autocast_dtype is None else 8)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -211,12 +212,12 @@ class Trainer:
             split = self.training_split(self.progress.epoch)
             batches = token_batches(split.src_lengths, split.tgt_lengths,
                                     self.train_config.batch_tokens, self.train_config.seed,
-                                    self.progress.epoch)
+                                    self.progress.epoch, pad_multiple=self.pad_multiple)
             batches = shard_batches(batches, self.cluster.rank, self.cluster.world)
             while self.progress.batch_in_epoch < len(batches):
                 index = self.progress.batch_in_epoch
                 self.progress.batch_in_epoch += 1
-                yield split.batch(batches[index])
+                yield split.batch(batches[index], self.pad_multiple)
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
 
@@ -351,8 +352,9 @@ class Trainer:
         total, tokens = 0.0, 0
         plain = TrainingLoss(self.model)                    # no DDP: rank 0 validates alone
         for indices in token_batches(split.src_lengths, split.tgt_lengths,
-                                     self.train_config.batch_tokens, shuffle=False):
-            batch = split.batch(indices)
+                                     self.train_config.batch_tokens, shuffle=False,
+                                     pad_multiple=self.pad_multiple):
+            batch = split.batch(indices, self.pad_multiple)
             total += self.loss(batch, 0.0, plain).item()
             tokens += batch.target_tokens
         return total / max(tokens, 1)

@@ -188,6 +188,33 @@ def test_token_batches_deterministic_per_epoch():
     assert token_batches(src, tgt, 300, seed=2, epoch=0) != first
 
 
+def batch_shapes(batches, src, tgt, pad_multiple):
+    """(B, S, T) of every batch's tensors."""
+    shapes = []
+    for indices in batches:
+        batch = make_batch([[5] * src[i] for i in indices], [[6] * tgt[i] for i in indices], indices,
+                           pad_multiple)
+        shapes.append((len(indices), batch.src.size(1), batch.tgt_out.size(1)))
+    return shapes
+
+
+def test_padded_batches_come_in_few_shapes_that_repeat_every_epoch():
+    src, tgt = lengths(count=3000)
+    padded = token_batches(src, tgt, 300, seed=1, epoch=0, pad_multiple=8)
+    assert sorted(i for batch in padded for i in batch) == list(range(3000))
+    shapes = batch_shapes(padded, src, tgt, 8)
+    for count, source, target in shapes:
+        assert source % 8 == 0 and target % 8 == 0
+        assert count * max(source, target) <= 300 or count == 1
+    exact = batch_shapes(token_batches(src, tgt, 300, seed=1, epoch=0), src, tgt, 1)
+    assert len(set(shapes)) * 4 < len(set(exact))
+    next_epoch = batch_shapes(token_batches(src, tgt, 300, seed=1, epoch=1, pad_multiple=8), src, tgt, 8)
+    assert sorted(next_epoch) == sorted(shapes)
+    in_order = [i for batch in token_batches(src, tgt, 300, shuffle=False, pad_multiple=8) for i in batch]
+    keys = [(-(-(tgt[i] + 1) // 8), -(-(src[i] + 1) // 8)) for i in in_order]
+    assert keys == sorted(keys), "sentences are not sorted by their padded lengths"
+
+
 def test_oversized_example_gets_its_own_batch():
     batches = token_batches(np.array([5, 500, 5]), np.array([5, 5, 5]), 100, shuffle=False)
     assert [1] in batches and sorted(i for b in batches for i in b) == [0, 1, 2]
@@ -204,6 +231,10 @@ def test_make_batch_adds_bos_and_eos():
     assert batch.tgt_in.tolist() == [[BOS_ID, 8, PAD_ID], [BOS_ID, 9, 10]]
     assert batch.tgt_out.tolist() == [[8, EOS_ID, PAD_ID], [9, 10, EOS_ID]]
     assert batch.target_tokens == 5 and batch.tgt_mask.shape == (2, 3, 3)
+    padded = make_batch([[5, 6], [7]], [[8], [9, 10]], [0, 1], pad_multiple=4)
+    assert padded.src.tolist() == [[5, 6, EOS_ID, PAD_ID], [7, EOS_ID, PAD_ID, PAD_ID]]
+    assert padded.tgt_out.tolist() == [[8, EOS_ID, PAD_ID, PAD_ID], [9, 10, EOS_ID, PAD_ID]]
+    assert padded.target_tokens == 5
 
 
 def test_files_dataset_needs_its_paths():

@@ -3,9 +3,11 @@ import torch
 
 from attnmt.config import ModelConfig
 from attnmt.data import PAD_ID
+from attnmt.data.batching import make_batch
 from attnmt.errors import UserError
 from attnmt.masks import padding_mask, target_mask
 from attnmt.model import build_model
+from attnmt.train import TrainingLoss
 
 from conftest import ARCHITECTURES, SMALL_RNN, SMALL_TRANSFORMER, VOCAB, make_model, toy_batch
 
@@ -66,6 +68,22 @@ def test_padding_does_not_change_real_positions(arch_name):
             alone = model(alone_src, padding_mask(alone_src, PAD_ID), alone_tgt,
                           target_mask(alone_tgt, PAD_ID))
             torch.testing.assert_close(alone[0], batch_logits[row, :t], atol=1e-5, rtol=1e-5)
+
+
+def test_batches_padded_to_a_multiple_give_the_same_loss_and_gradients(arch_name):
+    """What ``train.pad_multiple`` relies on: the extra padding changes no number."""
+    sources, targets = [[4, 5, 6, 7, 8, 9], [5, 6, 7], [8]], [[4, 5], [6, 7, 8, 9, 10], [5]]
+    results = []
+    for multiple in (1, 8):
+        model = make_model(arch_name)
+        batch = make_batch(sources, targets, [0, 1, 2], multiple)
+        loss = TrainingLoss(model)(batch.src, batch.tgt_in, batch.tgt_out, 0.1)
+        loss.backward()
+        results.append([loss.detach()] + [torch.zeros_like(p) if p.grad is None else p.grad
+                                          for p in model.parameters()])
+    assert batch.src.size(1) == batch.tgt_out.size(1) == 8
+    for exact, padded in zip(*results):
+        torch.testing.assert_close(padded, exact)
 
 
 def test_future_target_tokens_do_not_change_earlier_outputs(arch_name):

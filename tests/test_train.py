@@ -97,7 +97,8 @@ def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
 
 
 @pytest.mark.parametrize("settings", [[], ["train.schedule=wsd", "train.cooldown=0.5",
-                                           "train.ema_decay=0.95"]], ids=["noam", "wsd-ema"])
+                                           "train.ema_decay=0.95", "train.pad_multiple=8"]],
+                         ids=["noam", "wsd-ema-pad8"])
 def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     options = [argument for setting in settings for argument in ("--set", setting)]
     reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
@@ -193,3 +194,14 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
                      "--set", "model.d_model=64")
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1 and "different 'model' section" in stderr
+
+
+def test_padding_follows_the_precision_unless_set(tiny_config, tmp_path):
+    """fp32 keeps exact lengths; a set multiple pads every training and validation batch."""
+    exact = trainer_for(load_config(tiny_config), tmp_path / "exact")
+    assert exact.pad_multiple == 1
+    padded = trainer_for(load_config(tiny_config, ["train.pad_multiple=8"]), tmp_path / "padded")
+    stream = padded.batch_stream()
+    for batch in (next(stream) for _ in range(20)):
+        assert batch.src.size(1) % 8 == 0 and batch.tgt_out.size(1) % 8 == 0
+    torch.testing.assert_close(padded.validation_loss(), exact.validation_loss())

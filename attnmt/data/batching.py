@@ -5,6 +5,12 @@ Training batches: examples are shuffled by the seed and epoch, stably sorted by
 (little padding), cut where ``sentences x longest padded length`` would pass the
 token budget, and the batch order is shuffled. The same seed and epoch always give
 the same batches, which is what exact resume relies on.
+
+With ``pad_multiple`` m > 1, every length (EOS or BOS included) is padded up to a
+multiple of m, and sentences are sorted by those padded lengths: an epoch's batches then
+come in a few dozen shapes instead of hundreds. That matters where a matrix-product
+kernel is compiled for each shape (oneDNN's bf16 kernels on CPU, see
+docs/performance.md); padding is masked everywhere, so no result changes.
 """
 
 from __future__ import annotations
@@ -33,25 +39,33 @@ class Batch:
 
 
 def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int,
-                  seed: int = 0, epoch: int = 0, shuffle: bool = True) -> list[list[int]]:
+                  seed: int = 0, epoch: int = 0, shuffle: bool = True,
+                  pad_multiple: int = 1) -> list[list[int]]:
     """Example indices grouped into batches of at most ``batch_tokens`` padded tokens.
 
-    A batch costs ``len(batch) * max(longest source + 1, longest target + 1)`` (EOS/BOS
-    included); an example longer than the budget alone gets a batch of its own. Every
-    index appears in exactly one batch.
+    A batch costs ``len(batch) * max(padded source, padded target length)``, where a
+    padded length is ``length + 1`` (EOS/BOS) rounded up to a multiple of ``pad_multiple``;
+    an example longer than the budget alone gets a batch of its own. Every index appears
+    in exactly one batch.
     """
     count = len(src_lengths)
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(count)
     else:
         order = np.arange(count)
-    order = order[np.lexsort((src_lengths[order], tgt_lengths[order]))]   # stable: ties stay shuffled
-    padded_lengths = np.maximum(src_lengths, tgt_lengths) + 1
-    batches = _cut(order.tolist(), padded_lengths, batch_tokens)
+    src_padded = padded_length(np.asarray(src_lengths), pad_multiple)
+    tgt_padded = padded_length(np.asarray(tgt_lengths), pad_multiple)
+    order = order[np.lexsort((src_padded[order], tgt_padded[order]))]     # stable: ties stay shuffled
+    batches = _cut(order.tolist(), np.maximum(src_padded, tgt_padded), batch_tokens)
     if shuffle:
         permutation = np.random.default_rng([seed, epoch, 1]).permutation(len(batches))
         batches = [batches[i] for i in permutation]
     return batches
+
+
+def padded_length(lengths: np.ndarray, pad_multiple: int) -> np.ndarray:
+    """``lengths + 1`` (EOS or BOS) rounded up to a multiple of ``pad_multiple``."""
+    return -(-(lengths + 1) // pad_multiple) * pad_multiple
 
 
 def source_batches(src_lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -73,23 +87,27 @@ def _cut(order: list[int], lengths, batch_tokens: int) -> list[list[int]]:
     return batches + ([current] if current else [])
 
 
-def pad(sequences: list[list[int]], prefix: list[int] = (), suffix: list[int] = ()) -> torch.Tensor:
-    """``(B, max length)`` tensor of ``prefix + sequence + suffix`` rows, padded with PAD_ID."""
+def pad(sequences: list[list[int]], prefix: list[int] = (), suffix: list[int] = (),
+        multiple: int = 1) -> torch.Tensor:
+    """``(B, L)`` tensor of ``prefix + sequence + suffix`` rows, padded with PAD_ID; ``L`` is
+    the longest row rounded up to a multiple of ``multiple``."""
     rows = [list(prefix) + list(sequence) + list(suffix) for sequence in sequences]
-    out = torch.full((len(rows), max(len(row) for row in rows)), PAD_ID, dtype=torch.long)
+    width = -(-max(len(row) for row in rows) // multiple) * multiple
+    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
     for i, row in enumerate(rows):
         out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
     return out
 
 
-def source_tensor(sources: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def source_tensor(sources: list[list[int]], pad_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Source ids + EOS, padded, and the source mask ``(B, 1, S)``."""
-    src = pad(sources, suffix=[EOS_ID])
+    src = pad(sources, suffix=[EOS_ID], multiple=pad_multiple)
     return src, padding_mask(src, PAD_ID)
 
 
-def make_batch(sources: list[list[int]], targets: list[list[int]], indices: list[int]) -> Batch:
-    src, src_mask = source_tensor(sources)
-    tgt_in = pad(targets, prefix=[BOS_ID])
-    tgt_out = pad(targets, suffix=[EOS_ID])
+def make_batch(sources: list[list[int]], targets: list[list[int]], indices: list[int],
+               pad_multiple: int = 1) -> Batch:
+    src, src_mask = source_tensor(sources, pad_multiple)
+    tgt_in = pad(targets, prefix=[BOS_ID], multiple=pad_multiple)
+    tgt_out = pad(targets, suffix=[EOS_ID], multiple=pad_multiple)
     return Batch(src, src_mask, tgt_in, tgt_out, target_mask(tgt_in, PAD_ID), indices)

@@ -130,9 +130,9 @@ class BinarizedSplit:
         return tuple(self.tokens[side][self.offsets[side][index]:self.offsets[side][index + 1]]
                      .tolist() for side in ("src", "tgt"))
 
-    def batch(self, indices: list[int]) -> Batch:
+    def batch(self, indices: list[int], pad_multiple: int = 1) -> Batch:
         pairs = [self.pair(i) for i in indices]
-        return make_batch([s for s, _ in pairs], [t for _, t in pairs], indices)
+        return make_batch([s for s, _ in pairs], [t for _, t in pairs], indices, pad_multiple)
 
 
 def is_prepared(run: Path) -> bool:

@@ -42,9 +42,9 @@ class TokenizedSplit:
     def __len__(self) -> int:
         return len(self.sources)
 
-    def batch(self, indices: list[int]) -> Batch:
+    def batch(self, indices: list[int], pad_multiple: int = 1) -> Batch:
         return make_batch([self.sources[i] for i in indices], [self.targets[i] for i in indices],
-                          indices)
+                          indices, pad_multiple)
 
 
 def drop_reason(source: list[int], target: list[int], max_len: int) -> str | None:
