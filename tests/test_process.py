@@ -53,3 +53,14 @@ def test_configure_sets_threads_only_when_called():
         assert configure(1) == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_configure_flushes_subnormal_floats_to_zero():
+    try:
+        torch.set_flush_denormal(False)
+        subnormal = torch.tensor([1e-39])                   # below float32's 1.18e-38
+        assert (subnormal * 1.0).item() > 0
+        configure(torch.get_num_threads())
+        assert (subnormal * 1.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(True)
