@@ -2,13 +2,15 @@
 
     python benchmarks/train_throughput.py [--configs configs/multi30k_de_en_transformer.yaml ...]
         [--precisions fp32 bf16] [--steps 60] [--warmup-steps 10] [--data DIR (default: $ATTNMT_DATA)]
-        [--set section.key=value ...]
+        [--set section.key=value ...] [--from-run RUN]
 
 Each (config, precision) runs in its own process: it trains the tokenizer (not timed),
 takes `--warmup-steps` updates (not timed), then times `--steps` updates of the real
 training loop (forward, backward, clipping, optimizer) on shuffled token batches with
 their padding. Tokens/s counts real (non-padding) target tokens. The warm-up seconds
 include ``torch.compile``'s compilation with ``--set train.compile=true``.
+``--from-run RUN`` starts from a copy of a trained run's weights, optimizer state and
+data position instead of fresh weights (late in training, some numbers are slower).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -27,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(config_path: str, precision: str, steps: int, warmup_steps: int, data: str,
-            threads: int, settings: list[str]) -> dict:
+            threads: int, settings: list[str], from_run: str = "") -> dict:
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.run import RunDirectory, prepare_data
@@ -38,8 +41,14 @@ def measure(config_path: str, precision: str, steps: int, warmup_steps: int, dat
     config = load_config(config_path, overrides)
     configure(threads)
     with tempfile.TemporaryDirectory() as folder:
-        run = RunDirectory(Path(folder))
+        run = RunDirectory(Path(folder) / "run")
+        if from_run:
+            shutil.copytree(from_run, run.path)
+        else:
+            run.path.mkdir()
         trainer = Trainer(config, run, prepare_data(config, run))
+        if from_run:
+            trainer.resume()
         stream = trainer.batch_stream()
         start = time.perf_counter()
         for _ in range(warmup_steps):
@@ -70,14 +79,16 @@ def main() -> None:
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="config override for every measured run (repeatable)")
+    parser.add_argument("--from-run", default="", help="start from this trained run's state")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print_measurement(measure, args.one[0], args.one[1], args.steps, args.warmup_steps, args.data,
-                          args.threads, args.set)
+                          args.threads, args.set, args.from_run)
         return
     print(f"{args.threads} threads, {args.steps} timed updates after {args.warmup_steps} warm-up"
-          f"{', settings ' + ' '.join(args.set) if args.set else ''}\n")
+          f"{', settings ' + ' '.join(args.set) if args.set else ''}"
+          f"{', from ' + args.from_run if args.from_run else ''}\n")
     print("| preset | precision | parameters | target tokens/s | updates/s | tokens/update |"
           " target padding | peak RSS MiB | warm-up s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -85,7 +96,7 @@ def main() -> None:
         for precision in args.precisions:
             command = [sys.executable, __file__, "--one", config, precision, "--steps", str(args.steps),
                        "--warmup-steps", str(args.warmup_steps), "--data", args.data,
-                       "--threads", str(args.threads)]
+                       "--threads", str(args.threads), "--from-run", args.from_run]
             command += [argument for setting in args.set for argument in ("--set", setting)]
             result = measure_in_child(command)
             if "error" in result:
