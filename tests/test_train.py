@@ -196,10 +196,16 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
     assert process.returncode == 1 and "different 'model' section" in stderr
 
 
-def test_padding_follows_the_precision_unless_set(tiny_config, tmp_path):
-    """fp32 keeps exact lengths; a set multiple pads every training and validation batch."""
+def test_padding_follows_the_precision_and_model_unless_set(tiny_config, tmp_path):
+    """fp32 and RNNs keep exact lengths, a bf16 Transformer pads to 8; a set multiple pads
+    every training and validation batch."""
     exact = trainer_for(load_config(tiny_config), tmp_path / "exact")
     assert exact.pad_multiple == 1
+    bf16 = trainer_for(load_config(tiny_config, ["train.precision=bf16"]), tmp_path / "bf16")
+    assert bf16.pad_multiple == 8
+    rnn = trainer_for(load_config(tiny_config, ["train.precision=bf16", "model.arch=rnn"]),
+                      tmp_path / "rnn")
+    assert rnn.pad_multiple == 1
     padded = trainer_for(load_config(tiny_config, ["train.pad_multiple=8"]), tmp_path / "padded")
     stream = padded.batch_stream()
     for batch in (next(stream) for _ in range(20)):
