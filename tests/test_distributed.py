@@ -144,6 +144,7 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tiny_co
 # replicas end equal; rank 0 prints the steps and whether they are.
 REPLICAS_SCRIPT = """
 import itertools
+import os
 import sys
 import torch
 from attnmt.config import load_config
@@ -166,6 +167,11 @@ if cluster.is_main:
     print("steps", [step for step, _ in replicas], "equal", torch.equal(replicas[0][1], replicas[1][1]))
 barrier(cluster)
 shutdown(cluster)
+# Leave without C++ teardown: at interpreter exit after this script's training, one rank
+# aborted ("terminate called without an active exception") in about 1 run in 20 on a
+# loaded 2-core CPU, after both ranks had finished and destroyed the process group.
+sys.stdout.flush()
+os._exit(0)
 """
 
 
