@@ -78,6 +78,12 @@ class Scores:
         return self.bleu if early_stop_metric == "bleu" else -self.loss
 
 
+def default_pad_multiple(autocast_dtype: torch.dtype | None, arch: str) -> int:
+    """8 for a Transformer in bf16/fp16, whose per-shape kernels this keeps few; else 1
+    (an RNN's step shapes do not depend on the length, and padding adds time steps)."""
+    return 8 if autocast_dtype is not None and arch == "transformer" else 1
+
+
 class Trainer:
     """The training loop of one run. ``data`` comes from :func:`attnmt.run.prepare_data`;
     ``clock`` measures training time (tests pass a fake one)."""
@@ -89,7 +95,8 @@ class Trainer:
         device = resolve_device(self.train_config.device)
         self.device = torch.device("cuda", cluster.local_rank) if device.type == "cuda" else device
         self.autocast_dtype = resolve_precision(self.train_config.precision, self.device)
-        self.pad_multiple = self.train_config.pad_multiple or self.default_pad_multiple()
+        self.pad_multiple = (self.train_config.pad_multiple
+                             or default_pad_multiple(self.autocast_dtype, config.model.arch))
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -345,12 +352,6 @@ class Trainer:
     # --- validation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def default_pad_multiple(self) -> int:
-        """8 for a Transformer in bf16/fp16, whose per-shape kernels this keeps few; else 1
-        (an RNN's step shapes do not depend on the length, and padding adds time steps)."""
-        reduced = self.autocast_dtype is not None
-        return 8 if reduced and self.config.model.arch == "transformer" else 1
-
     def validation_loss(self) -> float:
         """Mean token cross-entropy on the validation set, without label smoothing."""
         self.model.eval()

@@ -211,3 +211,12 @@ def test_padding_follows_the_precision_and_model_unless_set(tiny_config, tmp_pat
     for batch in (next(stream) for _ in range(20)):
         assert batch.src.size(1) % 8 == 0 and batch.tgt_out.size(1) % 8 == 0
     torch.testing.assert_close(padded.validation_loss(), exact.validation_loss())
+
+
+def test_validation_builds_no_autograd_graph(tiny_config, tmp_path):
+    trainer = trainer_for(load_config(tiny_config), tmp_path / "run")
+    grad_enabled = []
+    for module in trainer.model.modules():
+        module.register_forward_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
+    trainer.validation_loss()
+    assert grad_enabled and not any(grad_enabled)
