@@ -138,7 +138,8 @@ class TrainConfig:
     clip_norm: float = 1.0            # 0 = no clipping
     accumulate: int = 1
     batch_tokens: int = 4096          # padded tokens per batch (after accumulation: x accumulate)
-    pad_multiple: int = 0             # pad batch lengths to a multiple of this; 0 = 8 for a bf16/fp16 Transformer, else 1
+    pad_multiple: int = 0             # pad batch lengths to a multiple of this; 0 = 8 for a bf16/fp16
+                                      # Transformer on a GPU or a CPU with AMX, else 1
     max_steps: int = 0                # 0 = no limit
     max_epochs: int = 0
     max_minutes: float = 0.0          # training time; validation and checkpoints not counted

@@ -196,13 +196,16 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
     assert process.returncode == 1 and "different 'model' section" in stderr
 
 
-def test_padding_follows_the_precision_and_model_unless_set(tiny_config, tmp_path):
-    """fp32 and RNNs keep exact lengths, a bf16 Transformer pads to 8; a set multiple pads
-    every training and validation batch."""
+@pytest.mark.parametrize("amx", [True, False])
+def test_padding_follows_the_precision_model_and_cpu_unless_set(tiny_config, tmp_path, monkeypatch, amx):
+    """fp32 and RNNs keep exact lengths; a bf16 Transformer pads to 8 on a CPU with AMX and
+    keeps exact lengths on one without; a set multiple pads every training and validation
+    batch."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     exact = trainer_for(load_config(tiny_config), tmp_path / "exact")
     assert exact.pad_multiple == 1
     bf16 = trainer_for(load_config(tiny_config, ["train.precision=bf16"]), tmp_path / "bf16")
-    assert bf16.pad_multiple == 8
+    assert bf16.pad_multiple == (8 if amx else 1)
     rnn = trainer_for(load_config(tiny_config, ["train.precision=bf16", "model.arch=rnn"]),
                       tmp_path / "rnn")
     assert rnn.pad_multiple == 1
@@ -211,6 +214,22 @@ def test_padding_follows_the_precision_and_model_unless_set(tiny_config, tmp_pat
     for batch in (next(stream) for _ in range(20)):
         assert batch.src.size(1) % 8 == 0 and batch.tgt_out.size(1) % 8 == 0
     torch.testing.assert_close(padded.validation_loss(), exact.validation_loss())
+
+
+def test_resume_keeps_the_padding_chosen_at_the_start(tiny_config, tmp_path, monkeypatch):
+    """A bf16 run started on a CPU with AMX (padded) and resumed on one without keeps its
+    batches; an explicit multiple on resume wins."""
+    config = load_config(tiny_config, ["train.precision=bf16", "train.max_steps=2",
+                                       "train.validate_every=1"])
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    trainer_for(config, tmp_path / "run").fit()
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for settings, expected in [([], 8), (["train.pad_multiple=4"], 4)]:
+        config = load_config(tiny_config, ["train.precision=bf16", *settings])
+        run = RunDirectory(tmp_path / "run")
+        resumed = Trainer(config, run, prepare_data(config, run))
+        resumed.resume()
+        assert resumed.pad_multiple == expected
 
 
 def test_validation_builds_no_autograd_graph(tiny_config, tmp_path):
