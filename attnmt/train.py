@@ -206,10 +206,11 @@ class Trainer:
 
     def training_split(self, epoch: int):
         """The training split of ``epoch``. With ``data.subword_sampling`` it is segmented anew
-        for each epoch by rank 0 and saved in the run directory, where every rank (and a
-        resumed run) reads it: SentencePiece's sampler cannot be seeded across processes."""
+        for each epoch from ``data.subword_sampling_from_epoch`` on, by rank 0, and saved in the
+        run directory, where every rank (and a resumed run) reads it: SentencePiece's sampler
+        cannot be seeded across processes. Earlier epochs use the fixed segmentation."""
         data = self.config.data
-        if not data.subword_sampling:
+        if not data.subword_sampling or epoch < data.subword_sampling_from_epoch:
             return self.data.train
         if self.epoch_split is None or self.epoch_split[0] != epoch:
             path = self.run.segmentation(epoch)

@@ -154,6 +154,23 @@ def test_subword_sampling_is_off_at_validation_and_needs_raw_text(tiny_config, t
         prepare_data(config, RunDirectory(tmp_path / "prepared"))
 
 
+def test_subword_sampling_starts_at_its_epoch(tiny_config, tmp_path):
+    from attnmt.run import RunDirectory, prepare_data
+    from attnmt.train import Trainer
+
+    config = load_config(tiny_config, ["data.subword_sampling=0.5", "data.subword_sampling_from_epoch=2"])
+    run = RunDirectory(tmp_path / "run")
+    run.path.mkdir()
+    trainer = Trainer(config, run, prepare_data(config, run))
+    fixed = trainer.data.train
+    assert trainer.training_split(0) is fixed and trainer.training_split(1) is fixed
+    assert not run.segmentation(1).exists()
+    assert trainer.training_split(2).sources != fixed.sources
+    assert run.segmentation(2).is_file()
+    with pytest.raises(UserError, match="data.subword_sampling_from_epoch needs data.subword_sampling > 0"):
+        load_config(tiny_config, ["data.subword_sampling_from_epoch=2"])
+
+
 def test_unknown_symbols_map_to_unk():
     tokenizer = train_tokenizers(DataConfig(tokenizer="char", vocab_size=60), ["abc"], ["abc"])[0]
     assert tokenizer.encode("abz") == tokenizer.encode("ab")[:2] + [UNK_ID]
