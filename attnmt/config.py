@@ -50,7 +50,8 @@ class DataConfig:
                                       # unigram smoothing alpha, or the BPE-dropout probability
     subword_nbest: int = -1           # unigram sampling: from the n best (-1: all segmentations)
     subword_sampling_from_epoch: int = 0  # sample only from this epoch on (counted from 0, as in
-                                      # log.csv); the epochs before keep the fixed segmentation
+                                      # log.csv); the epochs before keep the fixed segmentation.
+                                      # No effect with subword_sampling: 0
     numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
     numbers_train: int = 20000
     numbers_valid: int = 500
@@ -73,8 +74,6 @@ class DataConfig:
                  f"it must be below 1, got {self.subword_sampling}")
         _require(self.subword_sampling_from_epoch >= 0,
                  f"data.subword_sampling_from_epoch must be >= 0, got {self.subword_sampling_from_epoch}")
-        _require(not self.subword_sampling_from_epoch or self.subword_sampling,
-                 "data.subword_sampling_from_epoch needs data.subword_sampling > 0")
         _require(self.subword_nbest == -1 or self.subword_nbest >= 1,
                  f"data.subword_nbest must be -1 (all) or positive, got {self.subword_nbest}")
 

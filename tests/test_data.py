@@ -167,8 +167,8 @@ def test_subword_sampling_starts_at_its_epoch(tiny_config, tmp_path):
     assert not run.segmentation(1).exists()
     assert trainer.training_split(2).sources != fixed.sources
     assert run.segmentation(2).is_file()
-    with pytest.raises(UserError, match="data.subword_sampling_from_epoch needs data.subword_sampling > 0"):
-        load_config(tiny_config, ["data.subword_sampling_from_epoch=2"])
+    with pytest.raises(UserError, match="data.subword_sampling_from_epoch must be >= 0, got -1"):
+        load_config(tiny_config, ["data.subword_sampling_from_epoch=-1"])
 
 
 def test_unknown_symbols_map_to_unk():
