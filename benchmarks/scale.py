@@ -73,7 +73,7 @@ def corpus(args) -> None:
                     "--set", f"data.valid={folder}/val", "--set", f"train.max_steps={args.steps}",
                     "--set", "train.validate_every=100000", "--set", f"train.precision={args.precision}",
                     "--set", f"train.batch_tokens={args.batch_tokens}",
-                    "--set", "data.subword_sampling=0"]       # a prepared split is read as prepared
+                    "--set", "data.subword_sampling=0"]       # a prepared split cannot be resampled
         run, environment = folder / "run", allocator_environment(args.jemalloc)
         prepare_seconds, prepare_rss = run_attnmt(["prepare", str(PRESET), "--run", str(run),
                                                    *settings], environment)
