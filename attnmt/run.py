@@ -133,9 +133,19 @@ def default_run_dir(config_path: str | Path) -> Path:
 def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> dict:
     """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
     config = load_config(config_path, overrides)
-    run = open_run(config, run_dir or default_run_dir(config_path))
+    path = Path(run_dir or default_run_dir(config_path))
+    refuse_subword_sampling(config, path)
+    run = open_run(config, path)
     save_config(config, run.config)
     return prepare(config, run.path)
+
+
+def refuse_subword_sampling(config: Config, run_path: Path) -> None:
+    """A prepared run stores one segmentation of the training text, so it cannot be resampled."""
+    if config.data.subword_sampling:
+        raise UserError("data.subword_sampling needs the raw training text, and a prepared run "
+                        f"({run_path}/data) holds only token ids; train without "
+                        "'attnmt prepare', or prepare and train with --set data.subword_sampling=0")
 
 
 def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:
@@ -161,10 +171,7 @@ def prepare_data(config: Config, run: RunDirectory, cluster: Cluster = Cluster()
     otherwise it is read and tokenized in memory.
     """
     if is_prepared(run.path):
-        if config.data.subword_sampling:
-            raise UserError("data.subword_sampling needs the raw training text, and a prepared run "
-                            f"({run.path}/data) holds only token ids; train without "
-                            "'attnmt prepare', or set data.subword_sampling: 0")
+        refuse_subword_sampling(config, run.path)
         source_tokenizer, target_tokenizer = load_tokenizers(run.path)
         train_split = BinarizedSplit(run.path)
         report = train_split.report

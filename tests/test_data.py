@@ -152,6 +152,9 @@ def test_subword_sampling_is_off_at_validation_and_needs_raw_text(tiny_config, t
     prepare_run(tiny_config, tmp_path / "prepared")
     with pytest.raises(UserError, match="data.subword_sampling needs the raw training text"):
         prepare_data(config, RunDirectory(tmp_path / "prepared"))
+    with pytest.raises(UserError, match="prepare and train with --set data.subword_sampling=0"):
+        prepare_run(tiny_config, tmp_path / "refused", ["data.subword_sampling=0.5"])
+    assert not (tmp_path / "refused").exists()
 
 
 def test_subword_sampling_starts_at_its_epoch(tiny_config, tmp_path):
