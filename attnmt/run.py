@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -151,9 +151,13 @@ def refuse_subword_sampling(config: Config, run_path: Path) -> None:
 def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:
     """A run directory continues only the experiment it holds: same data and model."""
     for section in ("data", "model"):
-        if getattr(saved, section) != getattr(requested, section):
-            raise UserError(f"{saved_path} holds a run with a different '{section}' section; "
-                            "resume with the same config or choose a new --run directory")
+        before, now = asdict(getattr(saved, section)), asdict(getattr(requested, section))
+        changed = [f"{section}.{key} ({before[key]!r} saved, {now[key]!r} now)"
+                   for key in before if before[key] != now[key]]
+        if changed:
+            raise UserError(f"{saved_path} holds a run with a different '{section}' section: "
+                            f"{', '.join(changed)}; resume with the same config or choose a new "
+                            "--run directory")
 
 
 @dataclass

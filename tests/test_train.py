@@ -193,7 +193,8 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
     process = attnmt("train", str(tiny_config), "--run", str(tmp_path / "run"),
                      "--set", "model.d_model=64")
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 1 and "different 'model' section" in stderr
+    assert process.returncode == 1 and "different 'model' section: model.d_model (" in stderr
+    assert "64 now" in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("amx", [True, False])
