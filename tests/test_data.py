@@ -137,14 +137,22 @@ def test_subword_sampling_changes_pieces_never_text(tmp_path, model, alpha):
     assert (again.sources, again.targets) == (first.sources, first.targets)
 
 
-def test_subword_sampling_is_off_at_validation_and_needs_raw_text(tiny_config, tmp_path):
-    from attnmt.run import RunDirectory, prepare_data, prepare_run
+def sampling_trainer(tiny_config, run_path: Path, overrides: list[str]):
+    """A Trainer of the tiny config with ``overrides``, for calling ``training_split``."""
+    from attnmt.run import RunDirectory, prepare_data
     from attnmt.train import Trainer
 
-    config = load_config(tiny_config, ["data.subword_sampling=0.5"])
-    run = RunDirectory(tmp_path / "run")
+    config = load_config(tiny_config, overrides)
+    run = RunDirectory(run_path)
     run.path.mkdir()
-    trainer = Trainer(config, run, prepare_data(config, run))
+    return Trainer(config, run, prepare_data(config, run))
+
+
+def test_subword_sampling_is_off_at_validation_and_needs_raw_text(tiny_config, tmp_path):
+    from attnmt.run import RunDirectory, prepare_data, prepare_run
+
+    trainer = sampling_trainer(tiny_config, tmp_path / "run", ["data.subword_sampling=0.5"])
+    config = trainer.config
     epochs = [trainer.training_split(epoch) for epoch in (0, 1)]
     assert epochs[0].sources != epochs[1].sources != trainer.data.train.sources
     valid = trainer.data.valid
@@ -158,13 +166,9 @@ def test_subword_sampling_is_off_at_validation_and_needs_raw_text(tiny_config, t
 
 
 def test_subword_sampling_starts_at_its_epoch(tiny_config, tmp_path):
-    from attnmt.run import RunDirectory, prepare_data
-    from attnmt.train import Trainer
-
-    config = load_config(tiny_config, ["data.subword_sampling=0.5", "data.subword_sampling_from_epoch=2"])
-    run = RunDirectory(tmp_path / "run")
-    run.path.mkdir()
-    trainer = Trainer(config, run, prepare_data(config, run))
+    trainer = sampling_trainer(tiny_config, tmp_path / "run",
+                               ["data.subword_sampling=0.5", "data.subword_sampling_from_epoch=2"])
+    run = trainer.run
     fixed = trainer.data.train
     assert trainer.training_split(0) is fixed and trainer.training_split(1) is fixed
     assert not run.segmentation(1).exists()
