@@ -335,6 +335,7 @@ def run_prepare(args) -> int:
 
 def run_train(args) -> int:
     from attnmt.config import load_config
+    from attnmt.distributed import finish_worker
     from attnmt.run import default_run_dir
     from attnmt.train import train_config
 
@@ -346,7 +347,7 @@ def run_train(args) -> int:
         return launch_processes(args.nproc_per_node, args.config, run_dir, args.set)
     configure(config.train.threads)
     print(f"run directory: {train_config(config, run_dir)}")
-    return 0
+    return finish_worker(0)
 
 
 def launch_processes(count: int, config_path: str, run_dir, overrides: list[str]) -> int:
