@@ -32,14 +32,18 @@ class Cluster:
         return self.world > 1
 
 
+def launched_world() -> int:
+    """The number of processes ``torchrun`` started for this job (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def init_cluster(device_type: str, timeout_minutes: float = 30.0) -> Cluster:
     """Join the process group that ``torchrun`` describes in the environment, if any.
 
     On CUDA each process first takes the GPU of its local rank, so that collective
     operations (and the tensors of ``broadcast_object_list``) use that GPU, not GPU 0.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
+    if launched_world() == 1:
         return Cluster()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = None
@@ -115,7 +119,7 @@ def finish_worker(code: int) -> int:
     reports the whole job as failed. ``os._exit`` skips that teardown; every file the run
     writes is closed or flushed by then, and the standard streams are flushed here.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if launched_world() == 1:
         return code
     sys.stdout.flush()
     sys.stderr.flush()
