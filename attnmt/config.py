@@ -146,7 +146,7 @@ class TrainConfig:
     pad_multiple: int = 0             # pad batch lengths to a multiple of this; 0 = 8 for a bf16/fp16
                                       # Transformer on a GPU or a CPU with AMX, else 1
     max_steps: int = 0                # 0 = no limit
-    max_epochs: int = 0
+    max_epochs: int = 0               # passes over the training data; 0 = no limit
     max_minutes: float = 0.0          # training time; validation and checkpoints not counted
     validate_every: int = 500
     log_every: int = 50
@@ -178,9 +178,10 @@ class TrainConfig:
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         _require(0.0 < self.cooldown <= 1.0, f"train.cooldown must be in (0, 1], got {self.cooldown}")
         _require(0.0 <= self.ema_decay < 1.0, f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
-        _require(self.schedule not in ("linear", "wsd") or self.max_minutes or self.max_steps,
-                 f"train.schedule: {self.schedule} decays over the budget; set train.max_minutes "
-                 "or train.max_steps")
+        _require(self.schedule not in ("linear", "wsd") or self.max_minutes or self.max_steps
+                 or self.max_epochs,
+                 f"train.schedule: {self.schedule} decays over the budget; set train.max_minutes, "
+                 "train.max_steps or train.max_epochs")
 
 
 @dataclass(frozen=True)

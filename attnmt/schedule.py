@@ -1,8 +1,9 @@
 """Learning-rate schedules, and the training progress ``p`` that the budget-aware ones follow.
 
 ``p`` in [0, 1] is the fraction of the training budget used: training seconds over
-``train.max_minutes`` (validation and checkpoints not counted), or updates over
-``train.max_steps``; with both, whichever runs out first. A schedule defined on ``p``
+``train.max_minutes`` (validation and checkpoints not counted), updates over
+``train.max_steps``, or passes over the training data over ``train.max_epochs``; with
+several, whichever runs out first. A schedule defined on ``p``
 reaches its end exactly when the budget does, on a fast machine or a slow one:
 
 * ``linear``: warmup, then linear decay to zero at ``p = 1`` (Li et al., ICLR 2020,
@@ -24,14 +25,17 @@ import math
 from attnmt.config import TrainConfig
 
 
-def budget_progress(step: int, train_seconds: float, config: TrainConfig) -> float:
-    """The fraction ``p`` of the budget used after ``step`` updates and ``train_seconds`` of
-    training; 0 when no budget is set (``max_minutes`` and ``max_steps`` both 0)."""
+def budget_progress(step: int, train_seconds: float, config: TrainConfig, passes: float = 0.0) -> float:
+    """The fraction ``p`` of the budget used after ``step`` updates, ``train_seconds`` of
+    training and ``passes`` over the training data (fractional: 2.5 = half of the third);
+    0 when no budget is set (``max_minutes``, ``max_steps`` and ``max_epochs`` all 0)."""
     fractions = []
     if config.max_minutes:
         fractions.append(train_seconds / (config.max_minutes * 60.0))
     if config.max_steps:
         fractions.append(step / config.max_steps)
+    if config.max_epochs:
+        fractions.append(passes / config.max_epochs)
     return min(1.0, max(fractions, default=0.0))
 
 

@@ -42,7 +42,7 @@ from attnmt.search import greedy_search
 class Progress:
     """Where training stands; saved with every checkpoint for exact resume."""
     step: int = 0
-    epoch: int = 0
+    epoch: int = 0                       # passes over the training data done
     batch_in_epoch: int = 0              # index of the next batch of this epoch
     train_seconds: float = 0.0           # training time over all sessions: the time budget
     elapsed: float = 0.0                 # that plus validation and checkpoints
@@ -125,6 +125,7 @@ class Trainer:
                         if self.train_config.ema_decay else None)
         self.progress = Progress(world=cluster.world, pad_multiple=self.pad_multiple)
         self.epoch_split: tuple[int, TokenizedSplit] | None = None
+        self.epoch_batches = 0                            # this rank's batches in the current pass
         self.tensorboard = _tensorboard_writer(run.path / "tensorboard") if cluster.is_main else None
 
     # --- checkpoints -----------------------------------------------------------------------
@@ -231,12 +232,15 @@ class Trainer:
                                     self.train_config.batch_tokens, self.train_config.seed,
                                     self.progress.epoch, pad_multiple=self.pad_multiple)
             batches = shard_batches(batches, self.cluster.rank, self.cluster.world)
-            while self.progress.batch_in_epoch < len(batches):
-                index = self.progress.batch_in_epoch
-                self.progress.batch_in_epoch += 1
+            self.epoch_batches = len(batches)
+            start = self.progress.batch_in_epoch
+            for index in range(start, len(batches)):
+                last = index + 1 == len(batches)       # a pass counts as done with its last batch
+                self.progress.epoch += last
+                self.progress.batch_in_epoch = 0 if last else index + 1
                 yield split.batch(batches[index], self.pad_multiple)
-            self.progress.epoch += 1
-            self.progress.batch_in_epoch = 0
+            if start >= len(batches):                  # saved at a pass's end by earlier versions
+                self.progress.epoch, self.progress.batch_in_epoch = self.progress.epoch + 1, 0
 
     def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32); masks are built on the device."""
@@ -245,8 +249,14 @@ class Trainer:
             return module(*(tensor.to(self.device) for tensor in (batch.src, batch.tgt_in, batch.tgt_out)),
                           label_smoothing)
 
+    def passes(self) -> float:
+        """Passes over the training data so far, the current one counted by its batches done."""
+        done = self.progress.batch_in_epoch / self.epoch_batches if self.epoch_batches else 0.0
+        return self.progress.epoch + done
+
     def budget_progress(self) -> float:
-        return budget_progress(self.progress.step, self.progress.train_seconds, self.train_config)
+        return budget_progress(self.progress.step, self.progress.train_seconds, self.train_config,
+                               self.passes())
 
     def train_step(self, batches) -> tuple[float, int]:
         """One update over ``accumulate`` batches on every rank.

@@ -65,6 +65,24 @@ def test_time_budget_ends_the_schedule_exactly_when_the_budget_ends(tiny_config,
         assert float(row["lr"]) == pytest.approx(expected, rel=1e-5)
 
 
+def test_an_epoch_budget_ends_the_schedule_with_the_last_pass(tiny_config, tmp_path):
+    config = load_config(tiny_config, ["train.max_steps=0", "train.max_epochs=2",
+                                       "train.schedule=linear", "train.validate_every=1000"])
+    trainer = trainer_for(config, tmp_path / "run")
+    progress = trainer.fit()
+    per_pass = trainer.epoch_batches                  # the same in both passes: no sampling
+    log = read_log(tmp_path / "run")
+    assert progress.step == 2 * per_pass and progress.epoch == 2       # no batch of a third pass
+    assert [int(row["epoch"]) for row in log].count(0) == per_pass - 1  # a pass counts at its end
+    assert [float(row["progress"]) for row in log] == pytest.approx(
+        [step / (2 * per_pass) for step in range(1, 2 * per_pass + 1)], abs=1e-4)
+    for row in log:                  # as with a step budget, update n counts itself
+        step = int(row["step"])
+        expected = 0.003 * min(1.0, step / 20) * (1 - step / (2 * per_pass))
+        assert float(row["lr"]) == pytest.approx(expected, rel=1e-5, abs=1e-12)
+    assert float(log[-1]["lr"]) == 0.0
+
+
 def test_same_seed_same_first_50_losses(tiny_config, tmp_path):
     runs = []
     for name in ("a", "b"):
