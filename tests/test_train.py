@@ -83,6 +83,14 @@ def test_an_epoch_budget_ends_the_schedule_with_the_last_pass(tiny_config, tmp_p
     assert float(log[-1]["lr"]) == 0.0
 
 
+def test_a_state_saved_at_a_pass_end_by_earlier_versions_goes_on_with_the_next_pass(tiny_config, tmp_path):
+    trainer = trainer_for(load_config(tiny_config, []), tmp_path / "run")
+    next(trainer.batch_stream())
+    trainer.progress.batch_in_epoch = trainer.epoch_batches     # they counted the pass one batch late
+    next(trainer.batch_stream())
+    assert (trainer.progress.epoch, trainer.progress.batch_in_epoch) == (1, 1)
+
+
 def test_same_seed_same_first_50_losses(tiny_config, tmp_path):
     runs = []
     for name in ("a", "b"):
