@@ -233,14 +233,14 @@ class Trainer:
                                     self.progress.epoch, pad_multiple=self.pad_multiple)
             batches = shard_batches(batches, self.cluster.rank, self.cluster.world)
             self.epoch_batches = len(batches)
-            start = self.progress.batch_in_epoch
-            for index in range(start, len(batches)):
+            if self.progress.batch_in_epoch >= len(batches):   # saved at a pass's end by earlier versions
+                self.progress.epoch, self.progress.batch_in_epoch = self.progress.epoch + 1, 0
+                continue
+            for index in range(self.progress.batch_in_epoch, len(batches)):
                 last = index + 1 == len(batches)       # a pass counts as done with its last batch
                 self.progress.epoch += last
                 self.progress.batch_in_epoch = 0 if last else index + 1
                 yield split.batch(batches[index], self.pad_multiple)
-            if start >= len(batches):                  # saved at a pass's end by earlier versions
-                self.progress.epoch, self.progress.batch_in_epoch = self.progress.epoch + 1, 0
 
     def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32); masks are built on the device."""

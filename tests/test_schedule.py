@@ -27,10 +27,10 @@ def test_budget_progress_is_the_fraction_of_the_budget_used():
     assert budget_progress(900, 300.0, both) == 0.9
     assert budget_progress(2000, 0.0, steps) == 1.0
     assert budget_progress(100, 100.0, TrainConfig()) == 0.0             # no budget
-    passes = TrainConfig(max_epochs=20, max_minutes=10)
-    assert budget_progress(100, 60.0, passes, passes=5.0) == 0.25        # passes run out first
-    assert budget_progress(100, 300.0, passes, passes=5.0) == 0.5        # time does
-    assert budget_progress(100, 0.0, passes, passes=20.0) == 1.0
+    epochs = TrainConfig(max_epochs=20, max_minutes=10)
+    assert budget_progress(100, 60.0, epochs, passes=5.0) == 0.25        # passes run out first
+    assert budget_progress(100, 300.0, epochs, passes=5.0) == 0.5        # time does
+    assert budget_progress(100, 0.0, epochs, passes=20.0) == 1.0
 
 
 def test_linear_decay_at_chosen_points():

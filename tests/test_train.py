@@ -87,8 +87,12 @@ def test_a_state_saved_at_a_pass_end_by_earlier_versions_goes_on_with_the_next_p
     trainer = trainer_for(load_config(tiny_config, []), tmp_path / "run")
     next(trainer.batch_stream())
     trainer.progress.batch_in_epoch = trainer.epoch_batches     # they counted the pass one batch late
-    next(trainer.batch_stream())
+    resumed = next(trainer.batch_stream())
     assert (trainer.progress.epoch, trainer.progress.batch_in_epoch) == (1, 1)
+    fresh = trainer_for(load_config(tiny_config, []), tmp_path / "fresh")
+    fresh.progress.epoch = 1
+    first_of_second_pass = next(fresh.batch_stream())
+    assert torch.equal(resumed.src, first_of_second_pass.src)
 
 
 def test_same_seed_same_first_50_losses(tiny_config, tmp_path):
