@@ -25,9 +25,10 @@ import math
 from attnmt.config import TrainConfig
 
 
-def budget_progress(step: int, train_seconds: float, config: TrainConfig, passes: float = 0.0) -> float:
+def budget_progress(step: int, train_seconds: float, passes: float, config: TrainConfig) -> float:
     """The fraction ``p`` of the budget used after ``step`` updates, ``train_seconds`` of
     training and ``passes`` over the training data (fractional: 2.5 = half of the third);
+    all three are required, so that no caller can drop a budget by leaving one out;
     0 when no budget is set (``max_minutes``, ``max_steps`` and ``max_epochs`` all 0)."""
     fractions = []
     if config.max_minutes:

@@ -255,8 +255,8 @@ class Trainer:
         return self.progress.epoch + done
 
     def budget_progress(self) -> float:
-        return budget_progress(self.progress.step, self.progress.train_seconds, self.train_config,
-                               self.passes())
+        return budget_progress(self.progress.step, self.progress.train_seconds, self.passes(),
+                               self.train_config)
 
     def train_step(self, batches) -> tuple[float, int]:
         """One update over ``accumulate`` batches on every rank.

@@ -19,39 +19,39 @@ def test_step_schedules():
 
 def test_budget_progress_is_the_fraction_of_the_budget_used():
     steps = TrainConfig(max_steps=1000)
-    assert budget_progress(250, 9999.0, steps) == 0.25                   # time is not the budget
+    assert budget_progress(250, 9999.0, 0.0, steps) == 0.25               # time is not the budget
     minutes = TrainConfig(max_minutes=10)
-    assert budget_progress(5000, 150.0, minutes) == 0.25                 # steps are not
+    assert budget_progress(5000, 150.0, 0.0, minutes) == 0.25             # steps are not
     both = TrainConfig(max_steps=1000, max_minutes=10)
-    assert budget_progress(100, 300.0, both) == 0.5                      # whichever runs out first
-    assert budget_progress(900, 300.0, both) == 0.9
-    assert budget_progress(2000, 0.0, steps) == 1.0
-    assert budget_progress(100, 100.0, TrainConfig()) == 0.0             # no budget
+    assert budget_progress(100, 300.0, 0.0, both) == 0.5                  # whichever runs out first
+    assert budget_progress(900, 300.0, 0.0, both) == 0.9
+    assert budget_progress(2000, 0.0, 0.0, steps) == 1.0
+    assert budget_progress(100, 100.0, 0.0, TrainConfig()) == 0.0         # no budget
     epochs = TrainConfig(max_epochs=20, max_minutes=10)
-    assert budget_progress(100, 60.0, epochs, passes=5.0) == 0.25        # passes run out first
-    assert budget_progress(100, 300.0, epochs, passes=5.0) == 0.5        # time does
-    assert budget_progress(100, 0.0, epochs, passes=20.0) == 1.0
+    assert budget_progress(100, 60.0, 5.0, epochs) == 0.25                # passes run out first
+    assert budget_progress(100, 300.0, 5.0, epochs) == 0.5                # time does
+    assert budget_progress(100, 0.0, 20.0, epochs) == 1.0
 
 
 def test_linear_decay_at_chosen_points():
     config = TrainConfig(lr=2e-3, warmup=100, schedule="linear", max_steps=1000)
 
     def at(step):
-        return learning_rate(step, config, budget_progress(step, 0.0, config))
+        return learning_rate(step, config, budget_progress(step, 0.0, 0.0, config))
 
     assert at(50) == pytest.approx(2e-3 * 0.5 * 0.95)                   # warmup times decay
     assert at(100) == pytest.approx(2e-3 * 0.9)                         # warmup end
     assert at(550) == pytest.approx(2e-3 * 0.45)
     assert at(1000) == 0.0                                               # the last update
     timed = TrainConfig(lr=2e-3, warmup=100, schedule="linear", max_minutes=10)
-    assert learning_rate(5000, timed, budget_progress(5000, 450.0, timed)) == pytest.approx(5e-4)
+    assert learning_rate(5000, timed, budget_progress(5000, 450.0, 0.0, timed)) == pytest.approx(5e-4)
 
 
 def test_warmup_stable_decay_at_chosen_points():
     config = TrainConfig(lr=1e-3, warmup=100, schedule="wsd", cooldown=0.2, max_minutes=100)
 
     def at(minutes, step=10_000):
-        return learning_rate(step, config, budget_progress(step, minutes * 60.0, config))
+        return learning_rate(step, config, budget_progress(step, minutes * 60.0, 0.0, config))
 
     assert at(1, step=25) == pytest.approx(2.5e-4)                       # warmup
     assert at(50) == pytest.approx(1e-3)                                 # stable
