@@ -30,11 +30,19 @@ def execute(notebook):
 
 
 def text_outputs(cell) -> list[str]:
-    texts = []
+    """The cell's printed and displayed texts; printed text that the kernel happened to send
+    in several pieces (it may flush ``print``'s newline on its own) counts as one."""
+    texts, printing = [], False
     for output in cell.get("outputs", []):
         if output.get("output_type") == "stream" and output.get("name") == "stdout":
-            texts.append(output["text"])
-        elif output.get("output_type") in ("execute_result", "display_data"):
+            if printing:
+                texts[-1] += output["text"]
+            else:
+                texts.append(output["text"])
+            printing = True
+            continue
+        printing = False
+        if output.get("output_type") in ("execute_result", "display_data"):
             if "image/png" not in output.get("data", {}):
                 texts.append(output["data"].get("text/plain", ""))
     return texts
@@ -45,6 +53,14 @@ def same_text(ours: str, committed: str) -> bool:
         return False
     pairs = zip(NUMBER.findall(ours), NUMBER.findall(committed))
     return all(abs(float(a) - float(b)) <= 2e-3 for a, b in pairs)
+
+
+def test_printed_text_sent_in_pieces_reads_as_one():
+    stream = {"output_type": "stream", "name": "stdout"}
+    shown = {"output_type": "execute_result", "data": {"text/plain": "3"}}
+    cell = {"outputs": [{**stream, "text": "a"}, {**stream, "text": "\n"}, shown,
+                        {**stream, "text": "b\n"}]}
+    assert text_outputs(cell) == ["a\n", "3", "b\n"]
 
 
 def test_tutorial_runs_and_its_outputs_are_current():
