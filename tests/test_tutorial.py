@@ -29,22 +29,23 @@ def execute(notebook):
     return notebook
 
 
+def is_printed(output: dict) -> bool:
+    return output.get("output_type") == "stream" and output.get("name") == "stdout"
+
+
 def text_outputs(cell) -> list[str]:
     """The cell's printed and displayed texts; printed text that the kernel happened to send
     in several pieces (it may flush ``print``'s newline on its own) counts as one."""
-    texts, printing = [], False
+    texts, previous = [], {}
     for output in cell.get("outputs", []):
-        if output.get("output_type") == "stream" and output.get("name") == "stdout":
-            if printing:
-                texts[-1] += output["text"]
-            else:
-                texts.append(output["text"])
-            printing = True
-            continue
-        printing = False
-        if output.get("output_type") in ("execute_result", "display_data"):
+        if is_printed(output) and is_printed(previous):
+            texts[-1] += output["text"]
+        elif is_printed(output):
+            texts.append(output["text"])
+        elif output.get("output_type") in ("execute_result", "display_data"):
             if "image/png" not in output.get("data", {}):
                 texts.append(output["data"].get("text/plain", ""))
+        previous = output
     return texts
 
 
