@@ -140,6 +140,7 @@ class TrainConfig:
     plateau_factor: float = 0.5
     plateau_patience: int = 2
     label_smoothing: float = 0.1
+    source_word_dropout: float = 0.0  # replace source word pieces by <unk> with this probability
     clip_norm: float = 1.0            # 0 = no clipping
     accumulate: int = 1
     batch_tokens: int = 4096          # padded tokens per batch (after accumulation: x accumulate)
@@ -169,8 +170,9 @@ class TrainConfig:
         _choice("train", "precision", self.precision, PRECISIONS)
         _choice("train", "device", self.device, DEVICES)
         _require(self.lr > 0, f"train.lr must be positive, got {self.lr}")
-        _require(0.0 <= self.label_smoothing < 1.0,
-                 f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        for name in ("label_smoothing", "source_word_dropout"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"train.{name} must be in [0, 1), got {value}")
         for name in ("accumulate", "batch_tokens", "validate_every", "log_every", "keep_checkpoints"):
             _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",

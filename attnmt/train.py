@@ -27,6 +27,7 @@ from attnmt.data.datasets import (TokenizedSplit, load_segmentation, resample_su
                                   save_segmentation)
 from attnmt.distributed import (Cluster, all_reduce_sum, barrier, broadcast_object, gather_objects,
                                 init_cluster, shard_batches, shutdown)
+from attnmt.dropout import drop_source_words
 from attnmt.errors import UserError
 from attnmt.evaluate import corpus_bleu
 from attnmt.loss import projected_cross_entropy
@@ -242,11 +243,13 @@ class Trainer:
                 self.progress.batch_in_epoch = 0 if last else index + 1
                 yield split.batch(batches[index], self.pad_multiple)
 
-    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
+    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None,
+             source_word_dropout: float = 0.0) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32); masks are built on the device."""
         module = module or self.loss_module
+        src = drop_source_words(batch.src, source_word_dropout)
         with self.autocast():
-            return module(*(tensor.to(self.device) for tensor in (batch.src, batch.tgt_in, batch.tgt_out)),
+            return module(*(tensor.to(self.device) for tensor in (src, batch.tgt_in, batch.tgt_out)),
                           label_smoothing)
 
     def passes(self) -> float:
@@ -273,7 +276,8 @@ class Trainer:
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active
             with contextlib.nullcontext() if synchronise else self.loss_module.no_sync():
-                loss = self.loss(batch, self.train_config.label_smoothing)
+                loss = self.loss(batch, self.train_config.label_smoothing,
+                                 source_word_dropout=self.train_config.source_word_dropout)
                 self.scaler.scale(loss * scale).backward()
             total += loss.detach()
         self.scaler.unscale_(self.optimizer)

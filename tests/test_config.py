@@ -1,6 +1,6 @@
 import pytest
 
-from attnmt.config import Config, ModelConfig, load_config, save_config
+from attnmt.config import Config, ModelConfig, TrainConfig, load_config, save_config
 from attnmt.errors import UserError
 
 
@@ -45,6 +45,15 @@ def test_unknown_section(tmp_path):
 def test_impossible_model_values(values, message):
     with pytest.raises(UserError, match=message):
         ModelConfig(**values)
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(source_word_dropout=1.0), r"train.source_word_dropout must be in \[0, 1\), got 1.0"),
+    (dict(label_smoothing=-0.1), r"train.label_smoothing must be in \[0, 1\), got -0.1"),
+])
+def test_impossible_train_values(values, message):
+    with pytest.raises(UserError, match=message):
+        TrainConfig(**values)
 
 
 def test_wrong_type_named(tmp_path):

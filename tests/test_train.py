@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from attnmt.checkpoint import load_weights, save_weights
 from attnmt.config import load_config
+from attnmt.data import UNK_ID
 from attnmt.errors import UserError
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer, train
@@ -127,8 +128,9 @@ def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
 
 
 @pytest.mark.parametrize("settings", [[], ["train.schedule=wsd", "train.cooldown=0.5",
-                                           "train.ema_decay=0.95", "train.pad_multiple=8"]],
-                         ids=["noam", "wsd-ema-pad8"])
+                                           "train.ema_decay=0.95", "train.pad_multiple=8",
+                                           "train.source_word_dropout=0.2"]],
+                         ids=["noam", "wsd-ema-pad8-worddrop"])
 def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     options = [argument for setting in settings for argument in ("--set", setting)]
     reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
@@ -270,3 +272,19 @@ def test_validation_builds_no_autograd_graph(tiny_config, tmp_path):
         module.register_forward_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
     trainer.validation_loss()
     assert grad_enabled and not any(grad_enabled)
+
+
+def test_source_word_dropout_blanks_training_sources_only(tiny_config, tmp_path, monkeypatch):
+    trainer = trainer_for(load_config(tiny_config, ["train.source_word_dropout=0.5"]), tmp_path / "run")
+    sources, encode = [], trainer.model.encode
+    monkeypatch.setattr(trainer.model, "encode",
+                        lambda src, mask: sources.append(src.clone()) or encode(src, mask))
+    batch = next(trainer.batch_stream())
+    trainer.train_step([batch])
+    (trained,) = sources
+    blanked = trained != batch.src
+    assert (trained[blanked] == UNK_ID).all()
+    assert 0.35 < blanked.sum() / (batch.src > UNK_ID).sum() < 0.65
+    sources.clear()
+    trainer.validation_loss()
+    assert sources and not any((src == UNK_ID).any() for src in sources)
