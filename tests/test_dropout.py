@@ -16,7 +16,8 @@ def test_fast_dropout_zeroes_a_fraction_p_and_scales_the_rest():
 
 
 def sentences(rows: int = 400, length: int = 50) -> torch.Tensor:
-    """(rows, length + 3) ids: BOS, word pieces 4.., an <unk>, EOS, then padding on odd rows."""
+    """(rows, length + 3) ids: BOS, word pieces (ids 4 and up), <unk>, EOS; odd rows end in
+    ten pads instead."""
     torch.manual_seed(1)
     words = torch.randint(4, 1000, (rows, length))
     src = torch.cat([torch.full((rows, 1), BOS_ID), words, torch.full((rows, 1), UNK_ID),
