@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -243,13 +243,11 @@ class Trainer:
                 self.progress.batch_in_epoch = 0 if last else index + 1
                 yield split.batch(batches[index], self.pad_multiple)
 
-    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None,
-             source_word_dropout: float = 0.0) -> torch.Tensor:
+    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32); masks are built on the device."""
         module = module or self.loss_module
-        src = drop_source_words(batch.src, source_word_dropout)
         with self.autocast():
-            return module(*(tensor.to(self.device) for tensor in (src, batch.tgt_in, batch.tgt_out)),
+            return module(*(tensor.to(self.device) for tensor in (batch.src, batch.tgt_in, batch.tgt_out)),
                           label_smoothing)
 
     def passes(self) -> float:
@@ -275,9 +273,9 @@ class Trainer:
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active
+            batch = replace(batch, src=drop_source_words(batch.src, self.train_config.source_word_dropout))
             with contextlib.nullcontext() if synchronise else self.loss_module.no_sync():
-                loss = self.loss(batch, self.train_config.label_smoothing,
-                                 source_word_dropout=self.train_config.source_word_dropout)
+                loss = self.loss(batch, self.train_config.label_smoothing)
                 self.scaler.scale(loss * scale).backward()
             total += loss.detach()
         self.scaler.unscale_(self.optimizer)
