@@ -63,11 +63,20 @@ class TrainingLoss(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, src, tgt_in, tgt_out, label_smoothing: float):
+    def forward(self, src, tgt_in, tgt_out, label_smoothing: float, rdrop: float = 0.0):
+        if rdrop:
+            src, tgt_in = src.repeat(2, 1), tgt_in.repeat(2, 1)
         hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in,
                                      target_mask(tgt_in, PAD_ID))
-        return projected_cross_entropy(hidden.flatten(0, 1), self.model.generator, tgt_out.flatten(),
+        targets = tgt_out.repeat(2, 1) if rdrop else tgt_out
+        loss = projected_cross_entropy(hidden.flatten(0, 1), self.model.generator, targets.flatten(),
                                        label_smoothing, PAD_ID)
+        if not rdrop:
+            return loss
+        log_probs = torch.log_softmax(self.model.generator(hidden).float(), dim=-1)
+        first, second = log_probs.chunk(2)
+        divergence = ((first.exp() - second.exp()) * (first - second)).sum(-1)   # KL(1||2) + KL(2||1)
+        return loss / 2 + rdrop / 4 * (divergence * (tgt_out != PAD_ID)).sum()
 
 
 @dataclass
@@ -243,12 +252,13 @@ class Trainer:
                 self.progress.batch_in_epoch = 0 if last else index + 1
                 yield split.batch(batches[index], self.pad_multiple)
 
-    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None) -> torch.Tensor:
+    def loss(self, batch, label_smoothing: float, module: nn.Module | None = None,
+             rdrop: float = 0.0) -> torch.Tensor:
         """Summed token cross-entropy of one batch (float32); masks are built on the device."""
         module = module or self.loss_module
         with self.autocast():
             return module(*(tensor.to(self.device) for tensor in (batch.src, batch.tgt_in, batch.tgt_out)),
-                          label_smoothing)
+                          label_smoothing, rdrop)
 
     def passes(self) -> float:
         """Passes over the training data so far, the current one counted by its batches done."""
@@ -275,7 +285,7 @@ class Trainer:
             synchronise = number == len(batches) or not self.cluster.active
             batch = replace(batch, src=drop_source_words(batch.src, self.train_config.source_word_dropout))
             with contextlib.nullcontext() if synchronise else self.loss_module.no_sync():
-                loss = self.loss(batch, self.train_config.label_smoothing)
+                loss = self.loss(batch, self.train_config.label_smoothing, rdrop=self.train_config.rdrop)
                 self.scaler.scale(loss * scale).backward()
             total += loss.detach()
         self.scaler.unscale_(self.optimizer)
