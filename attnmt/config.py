@@ -141,7 +141,9 @@ class TrainConfig:
     plateau_patience: int = 2
     label_smoothing: float = 0.1
     source_word_dropout: float = 0.0  # replace source word pieces by <unk> with this probability
-    rdrop: float = 0.0                # > 0: R-Drop, weight of the symmetric KL between two dropout passes
+    rdrop: float = 0.0                # > 0: R-Drop, the weight alpha of the KL divergences between two
+                                      # dropout passes of each batch (twice the computation per update)
+    rdrop_from: float = 0.0           # R-Drop only once this fraction p of the budget is used
     clip_norm: float = 1.0            # 0 = no clipping
     accumulate: int = 1
     batch_tokens: int = 4096          # padded tokens per batch (after accumulation: x accumulate)
@@ -177,10 +179,13 @@ class TrainConfig:
         for name in ("accumulate", "batch_tokens", "validate_every", "log_every", "keep_checkpoints"):
             _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
-                     "weight_decay", "threads", "average_checkpoints", "pad_multiple"):
+                     "weight_decay", "threads", "average_checkpoints", "pad_multiple", "rdrop"):
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
-        _require(self.rdrop >= 0, f"train.rdrop must be >= 0, got {self.rdrop}")
         _require(0.0 < self.cooldown <= 1.0, f"train.cooldown must be in (0, 1], got {self.cooldown}")
+        _require(0.0 <= self.rdrop_from < 1.0, f"train.rdrop_from must be in [0, 1), got {self.rdrop_from}")
+        _require(not self.rdrop_from or self.max_minutes or self.max_steps or self.max_epochs,
+                 "train.rdrop_from is a fraction of the budget; set train.max_minutes, "
+                 "train.max_steps or train.max_epochs")
         _require(0.0 <= self.ema_decay < 1.0, f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         _require(self.schedule not in ("linear", "wsd") or self.max_minutes or self.max_steps
                  or self.max_epochs,

@@ -64,19 +64,26 @@ class TrainingLoss(nn.Module):
         self.model = model
 
     def forward(self, src, tgt_in, tgt_out, label_smoothing: float, rdrop: float = 0.0):
-        if rdrop:
-            src, tgt_in = src.repeat(2, 1), tgt_in.repeat(2, 1)
-        hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in,
-                                     target_mask(tgt_in, PAD_ID))
-        targets = tgt_out.repeat(2, 1) if rdrop else tgt_out
-        loss = projected_cross_entropy(hidden.flatten(0, 1), self.model.generator, targets.flatten(),
-                                       label_smoothing, PAD_ID)
+        """Summed token cross-entropy of ``src (B, S)``, ``tgt_in (B, T)``, ``tgt_out (B, T)``.
+
+        ``rdrop > 0``: R-Drop (Liang et al., NeurIPS 2021). The batch goes through the model
+        twice in one call, with independent dropout masks; the loss is the mean of the two
+        cross-entropies plus ``rdrop / 4`` times KL(p1 || p2) + KL(p2 || p1) summed over target
+        tokens: the paper's loss with weight ``alpha = rdrop``, halved so that its
+        cross-entropy part matches one pass's.
+        """
         if not rdrop:
-            return loss
-        log_probs = torch.log_softmax(self.model.generator(hidden).float(), dim=-1)
-        first, second = log_probs.chunk(2)
-        divergence = ((first.exp() - second.exp()) * (first - second)).sum(-1)   # KL(1||2) + KL(2||1)
-        return loss / 2 + rdrop / 4 * (divergence * (tgt_out != PAD_ID)).sum()
+            hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in,
+                                         target_mask(tgt_in, PAD_ID))
+            return projected_cross_entropy(hidden.flatten(0, 1), self.model.generator,
+                                           tgt_out.flatten(), label_smoothing, PAD_ID)
+        src, tgt_in = src.repeat(2, 1), tgt_in.repeat(2, 1)
+        hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in, target_mask(tgt_in, PAD_ID))
+        cross_entropy = projected_cross_entropy(hidden.flatten(0, 1), self.model.generator,
+                                                tgt_out.repeat(2, 1).flatten(), label_smoothing, PAD_ID)
+        first, second = torch.log_softmax(self.model.generator(hidden).float(), dim=-1).chunk(2)
+        divergences = ((first.exp() - second.exp()) * (first - second)).sum(-1)   # (B, T)
+        return cross_entropy / 2 + rdrop / 4 * (divergences * (tgt_out != PAD_ID)).sum()
 
 
 @dataclass
@@ -280,12 +287,14 @@ class Trainer:
         local_tokens = sum(batch.target_tokens for batch in batches)
         (tokens,) = all_reduce_sum([float(local_tokens)], self.cluster, self.device)
         scale = self.cluster.world / tokens          # DDP averages gradients over ranks
+        config = self.train_config
+        rdrop = config.rdrop if self.budget_progress() >= config.rdrop_from else 0.0
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active
-            batch = replace(batch, src=drop_source_words(batch.src, self.train_config.source_word_dropout))
+            batch = replace(batch, src=drop_source_words(batch.src, config.source_word_dropout))
             with contextlib.nullcontext() if synchronise else self.loss_module.no_sync():
-                loss = self.loss(batch, self.train_config.label_smoothing, rdrop=self.train_config.rdrop)
+                loss = self.loss(batch, config.label_smoothing, rdrop=rdrop)
                 self.scaler.scale(loss * scale).backward()
             total += loss.detach()
         self.scaler.unscale_(self.optimizer)

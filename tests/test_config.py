@@ -50,6 +50,9 @@ def test_impossible_model_values(values, message):
 @pytest.mark.parametrize("values,message", [
     (dict(source_word_dropout=1.0), r"train.source_word_dropout must be in \[0, 1\), got 1.0"),
     (dict(label_smoothing=-0.1), r"train.label_smoothing must be in \[0, 1\), got -0.1"),
+    (dict(rdrop=-1.0), r"train.rdrop must be >= 0, got -1.0"),
+    (dict(rdrop_from=1.0, max_steps=10), r"train.rdrop_from must be in \[0, 1\), got 1.0"),
+    (dict(rdrop_from=0.5), "train.rdrop_from is a fraction of the budget; set train.max_minutes"),
 ])
 def test_impossible_train_values(values, message):
     with pytest.raises(UserError, match=message):

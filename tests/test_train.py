@@ -129,8 +129,9 @@ def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
 
 @pytest.mark.parametrize("settings", [[], ["train.schedule=wsd", "train.cooldown=0.5",
                                            "train.ema_decay=0.95", "train.pad_multiple=8",
-                                           "train.source_word_dropout=0.2"]],
-                         ids=["noam", "wsd-ema-pad8-worddrop"])
+                                           "train.source_word_dropout=0.2", "train.rdrop=1",
+                                           "train.rdrop_from=0.2"]],
+                         ids=["noam", "wsd-ema-pad8-worddrop-rdrop"])
 def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     options = [argument for setting in settings for argument in ("--set", setting)]
     reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
@@ -288,3 +289,19 @@ def test_source_word_dropout_blanks_training_sources_only(tiny_config, tmp_path,
     sources.clear()
     trainer.validation_loss()
     assert sources and not any((src == UNK_ID).any() for src in sources)
+
+
+def test_rdrop_starts_at_its_fraction_of_the_budget_and_never_validates(tiny_config, tmp_path,
+                                                                          monkeypatch):
+    config = load_config(tiny_config, ["train.rdrop=2", "train.rdrop_from=0.5", "train.max_steps=10"])
+    trainer = trainer_for(config, tmp_path / "run")
+    weights, loss = [], trainer.loss
+    monkeypatch.setattr(trainer, "loss", lambda batch, smoothing, module=None, rdrop=0.0:
+                        weights.append(rdrop) or loss(batch, smoothing, module, rdrop))
+    stream = trainer.batch_stream()
+    for _ in range(10):
+        trainer.train_step([next(stream)])
+    assert weights == [0.0] * 5 + [2.0] * 5          # p = step / 10 before each update
+    weights.clear()
+    trainer.validation_loss()
+    assert weights and not any(weights)
