@@ -50,7 +50,6 @@ def test_source_word_dropout_off_returns_the_batch_and_draws_fresh_masks():
     assert not torch.equal(first, second)
 
 
-
 def rdrop_reference(model, src, tgt_in, tgt_out, smoothing: float, alpha: float) -> torch.Tensor:
     """R-Drop (Liang et al., NeurIPS 2021) by the paper's formula, with library losses: the
     mean of two passes' cross-entropies plus alpha / 4 times the two KL divergences, summed
