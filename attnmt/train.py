@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -79,9 +80,13 @@ class TrainingLoss(nn.Module):
                                            tgt_out.flatten(), label_smoothing, PAD_ID)
         src, tgt_in = src.repeat(2, 1), tgt_in.repeat(2, 1)
         hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in, target_mask(tgt_in, PAD_ID))
-        cross_entropy = projected_cross_entropy(hidden.flatten(0, 1), self.model.generator,
-                                                tgt_out.repeat(2, 1).flatten(), label_smoothing, PAD_ID)
-        first, second = torch.log_softmax(self.model.generator(hidden).float(), dim=-1).chunk(2)
+        # The KL terms need every probability, so the projection is done once, whole; the
+        # cross-entropy of log-probabilities equals that of the logits (log_softmax is idempotent).
+        log_probs = torch.log_softmax(self.model.generator(hidden).float(), dim=-1)   # (2B, T, V)
+        cross_entropy = F.cross_entropy(log_probs.flatten(0, 1), tgt_out.repeat(2, 1).flatten(),
+                                        label_smoothing=label_smoothing, ignore_index=PAD_ID,
+                                        reduction="sum")
+        first, second = log_probs.chunk(2)
         divergences = ((first.exp() - second.exp()) * (first - second)).sum(-1)   # (B, T)
         return cross_entropy / 2 + rdrop / 4 * (divergences * (tgt_out != PAD_ID)).sum()
 
@@ -261,7 +266,8 @@ class Trainer:
 
     def loss(self, batch, label_smoothing: float, module: nn.Module | None = None,
              rdrop: float = 0.0) -> torch.Tensor:
-        """Summed token cross-entropy of one batch (float32); masks are built on the device."""
+        """Summed token cross-entropy of one batch (float32; R-Drop's loss with ``rdrop > 0``);
+        masks are built on the device."""
         module = module or self.loss_module
         with self.autocast():
             return module(*(tensor.to(self.device) for tensor in (batch.src, batch.tgt_in, batch.tgt_out)),
