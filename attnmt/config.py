@@ -52,6 +52,9 @@ class DataConfig:
     subword_sampling_from_epoch: int = 0  # sample only from this epoch on (counted from 0, as in
                                       # log.csv); the epochs before keep the fixed segmentation.
                                       # No effect with subword_sampling: 0
+    extra_src_langs: tuple[str, ...] = ()  # training only: pairs from these languages into
+                                      # tgt_lang are added (many-to-one), e.g. [fr]; validation,
+                                      # test and translation read src_lang
     numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
     numbers_train: int = 20000
     numbers_valid: int = 500
@@ -76,6 +79,13 @@ class DataConfig:
                  f"data.subword_sampling_from_epoch must be >= 0, got {self.subword_sampling_from_epoch}")
         _require(self.subword_nbest == -1 or self.subword_nbest >= 1,
                  f"data.subword_nbest must be -1 (all) or positive, got {self.subword_nbest}")
+        _require(not set(self.extra_src_langs) & {self.src_lang, self.tgt_lang}
+                 and len(set(self.extra_src_langs)) == len(self.extra_src_langs),
+                 f"data.extra_src_langs must list languages other than src_lang and tgt_lang, "
+                 f"each once; got {list(self.extra_src_langs)}")
+        _require(not self.extra_src_langs or self.dataset != "numbers",
+                 "data.extra_src_langs needs a corpus with more languages (files or multi30k), "
+                 "not dataset: numbers")
 
 
 @dataclass(frozen=True)
@@ -240,6 +250,9 @@ def _coerce(section: str, name: str, annotation, value):
     expected = annotation if isinstance(annotation, type) else None
     if typing.get_origin(annotation) is tuple:
         items = typing.get_args(annotation)
+        if items[-1] is Ellipsis:
+            _require(isinstance(value, (list, tuple)), f"{where} must be a list, got {value!r}")
+            return tuple(_coerce(section, name, items[0], item) for item in value)
         _require(isinstance(value, (list, tuple)) and len(value) == len(items),
                  f"{where} must be a list of {len(items)} numbers, got {value!r}")
         return tuple(_coerce(section, name, item_type, item) for item_type, item in zip(items, value))

@@ -66,6 +66,18 @@ def test_prepare_then_train_equals_training_from_raw_files(corpus_config, tmp_pa
     assert losses(tmp_path / "prepared") == losses(tmp_path / "raw")
 
 
+def test_extra_source_language_is_added_to_training_alike_prepared_or_raw(corpus_config, tmp_path):
+    french = numbers_corpus("train", "fr", "en", 9999, {"train": 700, "valid": 30, "test": 0}, seed=5)
+    (tmp_path / "train.fr").write_text("\n".join(french.source + [""]) + "\n")    # the same lines
+    extra = ["data.extra_src_langs=[fr]"]
+    report = prepare_run(corpus_config, tmp_path / "prepared", extra)
+    assert report["read"] == 2 * 701 and report["empty"] == 2
+    train(corpus_config, tmp_path / "prepared", extra)
+    train(corpus_config, tmp_path / "raw", extra)
+    train(corpus_config, tmp_path / "plain")
+    assert losses(tmp_path / "prepared") == losses(tmp_path / "raw") != losses(tmp_path / "plain")
+
+
 def test_interrupted_prepare_leaves_nothing_half_done(corpus_config, tmp_path, monkeypatch):
     import attnmt.data.binarized as binarized
 

@@ -1,6 +1,6 @@
 import pytest
 
-from attnmt.config import Config, ModelConfig, TrainConfig, load_config, save_config
+from attnmt.config import Config, DataConfig, ModelConfig, TrainConfig, load_config, save_config
 from attnmt.errors import UserError
 
 
@@ -12,11 +12,13 @@ def write(tmp_path, text):
 
 def test_loads_sections_and_overrides(tmp_path):
     path = write(tmp_path, "model:\n  arch: rnn\n  hidden_dim: 64\ntrain:\n  lr: 1\n")
-    config = load_config(path, ["model.decoder=luong", "train.betas=[0.9, 0.99]"])
+    config = load_config(path, ["model.decoder=luong", "train.betas=[0.9, 0.99]",
+                                "data.extra_src_langs=[fr]"])
     assert config.model.arch == "rnn" and config.model.hidden_dim == 64
     assert config.model.decoder == "luong"
     assert config.train.lr == 1.0 and isinstance(config.train.lr, float)
     assert config.train.betas == (0.9, 0.99)
+    assert config.data.extra_src_langs == ("fr",)
 
 
 def test_round_trip_through_yaml(tmp_path):
@@ -59,9 +61,24 @@ def test_impossible_train_values(values, message):
         TrainConfig(**values)
 
 
+@pytest.mark.parametrize("values,message", [
+    (dict(extra_src_langs=("en",)), r"data.extra_src_langs must list languages other than src_lang "
+                                    r"and tgt_lang, each once; got \['en'\]"),
+    (dict(extra_src_langs=("fr", "fr")), r"each once; got \['fr', 'fr'\]"),
+    (dict(extra_src_langs=("fr",), dataset="numbers"), "not dataset: numbers"),
+])
+def test_impossible_data_values(values, message):
+    with pytest.raises(UserError, match=message):
+        DataConfig(**values)
+
+
 def test_wrong_type_named(tmp_path):
     with pytest.raises(UserError, match="model.heads must be int, got 'four'"):
         load_config(write(tmp_path, "model:\n  heads: four\n"))
+    with pytest.raises(UserError, match="data.extra_src_langs must be a list, got 'fr'"):
+        load_config(write(tmp_path, "data:\n  extra_src_langs: fr\n"))
+    with pytest.raises(UserError, match="data.extra_src_langs must be str, got 3"):
+        load_config(write(tmp_path, "data:\n  extra_src_langs: [3]\n"))
 
 
 def test_bad_override_and_missing_file(tmp_path):

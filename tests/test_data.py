@@ -266,6 +266,35 @@ def test_files_dataset_needs_its_paths():
         load_split(DataConfig(dataset="files"), "train")
 
 
+def test_extra_source_languages_join_training_only(tmp_path):
+    for split, lines in (("train", ["eins", "zwei"]), ("valid", ["drei"])):
+        write(tmp_path / f"{split}.de", lines)
+        write(tmp_path / f"{split}.en", [f"{line}-en" for line in lines])
+    write(tmp_path / "train.fr", ["un", "deux", "trois"])
+    config = DataConfig(dataset="files", train=str(tmp_path / "train"), valid=str(tmp_path / "valid"),
+                        extra_src_langs=("fr",))
+    with pytest.raises(UserError, match=r"line counts differ: .*train.fr has 3 lines, .*train.en has 2"):
+        load_split(config, "train")
+    write(tmp_path / "train.fr", ["un", "deux"])
+    train = load_split(config, "train")
+    assert train.source == ["eins", "zwei", "un", "deux"]
+    assert train.target == ["eins-en", "zwei-en", "eins-en", "zwei-en"]
+    assert load_split(config, "valid").source == ["drei"]
+    write(tmp_path / "pairs.tsv", ["eins\tone"])
+    with pytest.raises(UserError, match=r"data.extra_src_langs needs one file per language .*pairs.tsv"):
+        load_split(DataConfig(dataset="files", train=str(tmp_path / "pairs.tsv"),
+                              extra_src_langs=("fr",)), "train")
+
+
+def test_multi30k_french_pairs_join_german_training(multi30k_dir):
+    config = DataConfig(dataset="multi30k", dir=str(multi30k_dir), extra_src_langs=("fr",))
+    train = load_split(config, "train")
+    german = read_multi30k("train", "de", "en", str(multi30k_dir))
+    assert len(train) == 2 * len(german) and train.target[len(german):] == german.target
+    assert train.source[:len(german)] == german.source
+    assert len(load_split(config, "valid")) == 1014
+
+
 def test_multi30k_from_local_folder(multi30k_dir):
     corpus = read_multi30k("valid", "de", "en", str(multi30k_dir))
     assert len(corpus) == 1014 and corpus.name == "multi30k/val"

@@ -16,19 +16,43 @@ from attnmt.errors import UserError
 
 
 def load_split(config: DataConfig, split: str) -> ParallelCorpus:
-    """Raw text of ``split`` (``train``, ``valid`` or ``test``) of the configured dataset."""
+    """Raw text of ``split`` (``train``, ``valid`` or ``test``) of the configured dataset.
+
+    The training split also holds the pairs of ``data.extra_src_langs`` (same targets'
+    language), after the ``src_lang`` pairs.
+    """
+    if split == "train" and config.dataset == "files":
+        refuse_tsv_with_extra_languages(config, config.train)
+    corpus = _load_pairs(config, split, config.src_lang)
+    if split != "train":
+        return corpus
+    for lang in config.extra_src_langs:
+        extra = _load_pairs(config, split, lang)
+        corpus = ParallelCorpus(corpus.source + extra.source, corpus.target + extra.target,
+                                f"{corpus.name} + {extra.name} ({lang})")
+    return corpus
+
+
+def _load_pairs(config: DataConfig, split: str, src_lang: str) -> ParallelCorpus:
     if config.dataset == "numbers":
         sizes = {"train": config.numbers_train, "valid": config.numbers_valid,
                  "test": config.numbers_test}
-        return numbers_corpus(split, config.src_lang, config.tgt_lang, config.numbers_max, sizes,
+        return numbers_corpus(split, src_lang, config.tgt_lang, config.numbers_max, sizes,
                               config.numbers_seed)
     if config.dataset == "multi30k":
-        return read_multi30k(split, config.src_lang, config.tgt_lang, config.dir)
+        return read_multi30k(split, src_lang, config.tgt_lang, config.dir)
     prefix = getattr(config, split)
     if not prefix:
         raise UserError(f"data.{split} is not set: give the corpus prefix (e.g. corpus/{split} "
                         f"for corpus/{split}.{config.src_lang} and corpus/{split}.{config.tgt_lang})")
-    return read_parallel(prefix, config.src_lang, config.tgt_lang)
+    return read_parallel(prefix, src_lang, config.tgt_lang)
+
+
+def refuse_tsv_with_extra_languages(config: DataConfig, prefix: str) -> None:
+    """A ``.tsv`` corpus has one language pair; ``data.extra_src_langs`` needs per-language files."""
+    if config.extra_src_langs and str(prefix).endswith((".tsv", ".tsv.gz")):
+        raise UserError(f"data.extra_src_langs needs one file per language (corpus/train.fr "
+                        f"beside corpus/train.{config.src_lang}), not the .tsv file {prefix}")
 
 
 @dataclass
