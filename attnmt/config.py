@@ -53,8 +53,8 @@ class DataConfig:
                                       # log.csv); the epochs before keep the fixed segmentation.
                                       # No effect with subword_sampling: 0
     extra_src_langs: tuple[str, ...] = ()  # training only: pairs from these languages into
-                                      # tgt_lang are added (many-to-one), e.g. [fr]; validation,
-                                      # test and translation read src_lang
+                                      # tgt_lang are added (many-to-one), e.g. [fr]; validation
+                                      # and test read src_lang only
     numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
     numbers_train: int = 20000
     numbers_valid: int = 500
@@ -83,9 +83,6 @@ class DataConfig:
                  and len(set(self.extra_src_langs)) == len(self.extra_src_langs),
                  f"data.extra_src_langs must list languages other than src_lang and tgt_lang, "
                  f"each once; got {list(self.extra_src_langs)}")
-        _require(not self.extra_src_langs or self.dataset != "numbers",
-                 "data.extra_src_langs needs a corpus with more languages (files or multi30k), "
-                 "not dataset: numbers")
 
 
 @dataclass(frozen=True)

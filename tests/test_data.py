@@ -286,6 +286,15 @@ def test_extra_source_languages_join_training_only(tmp_path):
                               extra_src_langs=("fr",)), "train")
 
 
+def test_numbers_spells_the_same_integers_in_the_extra_language():
+    config = DataConfig(dataset="numbers", numbers_max=99, numbers_train=5, numbers_valid=2,
+                        numbers_test=2, extra_src_langs=("fr",))
+    train = load_split(config, "train")
+    assert len(train) == 10 and train.target[:5] == train.target[5:]
+    assert train.source[5:] == numbers_corpus("train", "fr", "en", 99, {"train": 5, "valid": 2,
+                                                                        "test": 2}, seed=1).source
+
+
 def test_multi30k_french_pairs_join_german_training(multi30k_dir):
     config = DataConfig(dataset="multi30k", dir=str(multi30k_dir), extra_src_langs=("fr",))
     train = load_split(config, "train")
