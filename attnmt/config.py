@@ -83,6 +83,11 @@ class DataConfig:
                  and len(set(self.extra_src_langs)) == len(self.extra_src_langs),
                  f"data.extra_src_langs must list languages other than src_lang and tgt_lang, "
                  f"each once; got {list(self.extra_src_langs)}")
+        _require(not self.extra_src_langs or self.dataset != "files"
+                 or not self.train.endswith((".tsv", ".tsv.gz")),
+                 f"data.extra_src_langs needs one file per language ({self.train} holds one "
+                 f"language pair); give data.train as a prefix, e.g. corpus/train for "
+                 f"corpus/train.{self.src_lang}, corpus/train.{self.tgt_lang} and the others")
 
 
 @dataclass(frozen=True)

@@ -73,13 +73,12 @@ class TrainingLoss(nn.Module):
         tokens: the paper's loss with weight ``alpha = rdrop``, halved so that its
         cross-entropy part matches one pass's.
         """
+        if rdrop:
+            src, tgt_in = src.repeat(2, 1), tgt_in.repeat(2, 1)
+        hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in, target_mask(tgt_in, PAD_ID))
         if not rdrop:
-            hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in,
-                                         target_mask(tgt_in, PAD_ID))
             return projected_cross_entropy(hidden.flatten(0, 1), self.model.generator,
                                            tgt_out.flatten(), label_smoothing, PAD_ID)
-        src, tgt_in = src.repeat(2, 1), tgt_in.repeat(2, 1)
-        hidden = self.model.features(src, padding_mask(src, PAD_ID), tgt_in, target_mask(tgt_in, PAD_ID))
         # The KL terms need every probability, so the projection is done once, whole; the
         # cross-entropy of log-probabilities equals that of the logits (log_softmax is idempotent).
         log_probs = torch.log_softmax(self.model.generator(hidden).float(), dim=-1)   # (2B, T, V)

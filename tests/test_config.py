@@ -65,6 +65,8 @@ def test_impossible_train_values(values, message):
     (dict(extra_src_langs=("en",)), r"data.extra_src_langs must list languages other than src_lang "
                                     r"and tgt_lang, each once; got \['en'\]"),
     (dict(extra_src_langs=("fr", "fr")), r"each once; got \['fr', 'fr'\]"),
+    (dict(extra_src_langs=("fr",), dataset="files", train="pairs.tsv"), r"data.extra_src_langs needs one file per "
+                                                       r"language \(pairs.tsv holds one language pair\)"),
 ])
 def test_impossible_data_values(values, message):
     with pytest.raises(UserError, match=message):

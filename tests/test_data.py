@@ -280,10 +280,6 @@ def test_extra_source_languages_join_training_only(tmp_path):
     assert train.source == ["eins", "zwei", "un", "deux"]
     assert train.target == ["eins-en", "zwei-en", "eins-en", "zwei-en"]
     assert load_split(config, "valid").source == ["drei"]
-    write(tmp_path / "pairs.tsv", ["eins\tone"])
-    with pytest.raises(UserError, match=r"data.extra_src_langs needs one file per language .*pairs.tsv"):
-        load_split(DataConfig(dataset="files", train=str(tmp_path / "pairs.tsv"),
-                              extra_src_langs=("fr",)), "train")
 
 
 def test_numbers_spells_the_same_integers_in_the_extra_language():

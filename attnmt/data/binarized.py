@@ -24,7 +24,7 @@ from tqdm import tqdm
 from attnmt.config import Config
 from attnmt.data.batching import Batch, make_batch
 from attnmt.data.corpus import iter_parallel
-from attnmt.data.datasets import drop_reason, load_split, refuse_tsv_with_extra_languages
+from attnmt.data.datasets import drop_reason, load_split
 from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
                                     train_tokenizers)
 from attnmt.errors import UserError
@@ -36,7 +36,6 @@ TOKENIZER_SAMPLE = 500_000          # pairs the tokenizers learn from (the corpu
 def iter_training_pairs(config: Config):
     """``(source, target)`` training pairs, streamed for file corpora."""
     if config.data.dataset == "files":
-        refuse_tsv_with_extra_languages(config.data, config.data.train)
         return itertools.chain.from_iterable(
             iter_parallel(config.data.train, lang, config.data.tgt_lang)
             for lang in (config.data.src_lang, *config.data.extra_src_langs))

@@ -21,8 +21,6 @@ def load_split(config: DataConfig, split: str) -> ParallelCorpus:
     The training split also holds the pairs of ``data.extra_src_langs`` (same targets'
     language), after the ``src_lang`` pairs.
     """
-    if split == "train" and config.dataset == "files":
-        refuse_tsv_with_extra_languages(config, config.train)
     corpus = _load_pairs(config, split, config.src_lang)
     if split != "train":
         return corpus
@@ -46,13 +44,6 @@ def _load_pairs(config: DataConfig, split: str, src_lang: str) -> ParallelCorpus
         raise UserError(f"data.{split} is not set: give the corpus prefix (e.g. corpus/{split} "
                         f"for corpus/{split}.{config.src_lang} and corpus/{split}.{config.tgt_lang})")
     return read_parallel(prefix, src_lang, config.tgt_lang)
-
-
-def refuse_tsv_with_extra_languages(config: DataConfig, prefix: str) -> None:
-    """A ``.tsv`` corpus has one language pair; ``data.extra_src_langs`` needs per-language files."""
-    if config.extra_src_langs and str(prefix).endswith((".tsv", ".tsv.gz")):
-        raise UserError(f"data.extra_src_langs needs one file per language (corpus/train.fr "
-                        f"beside corpus/train.{config.src_lang}), not the .tsv file {prefix}")
 
 
 @dataclass
