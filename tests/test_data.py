@@ -297,6 +297,7 @@ def test_multi30k_french_pairs_join_german_training(multi30k_dir):
     german = read_multi30k("train", "de", "en", str(multi30k_dir))
     assert len(train) == 2 * len(german) and train.target[len(german):] == german.target
     assert train.source[:len(german)] == german.source
+    assert train.source[len(german):][:50] == read_multi30k("train", "fr", "en", str(multi30k_dir)).source[:50]
     assert len(load_split(config, "valid")) == 1014
 
 
