@@ -156,6 +156,7 @@ class TrainConfig:
     rdrop: float = 0.0                # > 0: R-Drop, the weight alpha of the KL divergences between two
                                       # dropout passes of each batch (twice the computation per update)
     rdrop_from: float = 0.0           # R-Drop only once this fraction p of the budget is used
+    rdrop_from_epoch: int = 0         # ... and only from this epoch on (counted from 0, as in log.csv)
     clip_norm: float = 1.0            # 0 = no clipping
     accumulate: int = 1
     batch_tokens: int = 4096          # padded tokens per batch (after accumulation: x accumulate)
@@ -191,7 +192,8 @@ class TrainConfig:
         for name in ("accumulate", "batch_tokens", "validate_every", "log_every", "keep_checkpoints"):
             _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
-                     "weight_decay", "threads", "average_checkpoints", "pad_multiple", "rdrop"):
+                     "weight_decay", "threads", "average_checkpoints", "pad_multiple", "rdrop",
+                     "rdrop_from_epoch"):
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         _require(0.0 < self.cooldown <= 1.0, f"train.cooldown must be in (0, 1], got {self.cooldown}")
         _require(0.0 <= self.rdrop_from < 1.0, f"train.rdrop_from must be in [0, 1), got {self.rdrop_from}")

@@ -281,6 +281,14 @@ class Trainer:
         return budget_progress(self.progress.step, self.progress.train_seconds, self.passes(),
                                self.train_config)
 
+    def rdrop_started(self) -> bool:
+        """Whether the update of the batches just taken from ``batch_stream`` uses R-Drop: the
+        pass of the last of them (a pass counts as done once its last batch is taken) is
+        ``train.rdrop_from_epoch`` or later, and the budget used is ``train.rdrop_from`` or more."""
+        config = self.train_config
+        batch_epoch = self.progress.epoch - (self.progress.batch_in_epoch == 0)
+        return self.budget_progress() >= config.rdrop_from and batch_epoch >= config.rdrop_from_epoch
+
     def train_step(self, batches) -> tuple[float, int]:
         """One update over ``accumulate`` batches on every rank.
 
@@ -293,7 +301,7 @@ class Trainer:
         (tokens,) = all_reduce_sum([float(local_tokens)], self.cluster, self.device)
         scale = self.cluster.world / tokens          # DDP averages gradients over ranks
         config = self.train_config
-        rdrop = config.rdrop if self.budget_progress() >= config.rdrop_from else 0.0
+        rdrop = config.rdrop if self.rdrop_started() else 0.0
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active

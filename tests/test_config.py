@@ -55,6 +55,7 @@ def test_impossible_model_values(values, message):
     (dict(rdrop=-1.0), r"train.rdrop must be >= 0, got -1.0"),
     (dict(rdrop_from=1.0, max_steps=10), r"train.rdrop_from must be in \[0, 1\), got 1.0"),
     (dict(rdrop_from=0.5), "train.rdrop_from is a fraction of the budget; set train.max_minutes"),
+    (dict(rdrop_from_epoch=-1), r"train.rdrop_from_epoch must be >= 0, got -1"),
 ])
 def test_impossible_train_values(values, message):
     with pytest.raises(UserError, match=message):

@@ -291,13 +291,30 @@ def test_source_word_dropout_blanks_training_sources_only(tiny_config, tmp_path,
     assert sources and not any((src == UNK_ID).any() for src in sources)
 
 
-def test_rdrop_starts_at_its_fraction_of_the_budget_and_never_validates(tiny_config, tmp_path,
-                                                                          monkeypatch):
-    config = load_config(tiny_config, ["train.rdrop=2", "train.rdrop_from=0.5", "train.max_steps=10"])
-    trainer = trainer_for(config, tmp_path / "run")
+def rdrop_recorder(config, run, monkeypatch):
+    """A trainer for ``config`` and the list of the R-Drop weights its losses were called with."""
+    trainer = trainer_for(config, run)
     weights, loss = [], trainer.loss
     monkeypatch.setattr(trainer, "loss", lambda batch, smoothing, module=None, rdrop=0.0:
                         weights.append(rdrop) or loss(batch, smoothing, module, rdrop))
+    return trainer, weights
+
+
+def test_rdrop_starts_with_the_first_batch_of_its_epoch(tiny_config, tmp_path, monkeypatch):
+    config = load_config(tiny_config, ["train.rdrop=2", "train.rdrop_from_epoch=1", "train.max_steps=50"])
+    trainer, weights = rdrop_recorder(config, tmp_path / "run", monkeypatch)
+    stream = trainer.batch_stream()
+    trainer.train_step([next(stream)])
+    per_pass = trainer.epoch_batches
+    for _ in range(per_pass + 1):
+        trainer.train_step([next(stream)])
+    assert weights == [0.0] * per_pass + [2.0] * 2   # pass 0 without, pass 1 with from its first batch
+
+
+def test_rdrop_starts_at_its_fraction_of_the_budget_and_never_validates(tiny_config, tmp_path,
+                                                                          monkeypatch):
+    config = load_config(tiny_config, ["train.rdrop=2", "train.rdrop_from=0.5", "train.max_steps=10"])
+    trainer, weights = rdrop_recorder(config, tmp_path / "run", monkeypatch)
     stream = trainer.batch_stream()
     for _ in range(10):
         trainer.train_step([next(stream)])
