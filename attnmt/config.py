@@ -200,6 +200,9 @@ class TrainConfig:
         _require(not self.rdrop_from or self.max_minutes or self.max_steps or self.max_epochs,
                  "train.rdrop_from is a fraction of the budget; set train.max_minutes, "
                  "train.max_steps or train.max_epochs")
+        _require(self.rdrop or not (self.rdrop_from or self.rdrop_from_epoch),
+                 "train.rdrop_from and train.rdrop_from_epoch only choose when R-Drop starts; "
+                 "set train.rdrop > 0 to use it")
         _require(0.0 <= self.ema_decay < 1.0, f"train.ema_decay must be in [0, 1), got {self.ema_decay}")
         _require(self.schedule not in ("linear", "wsd") or self.max_minutes or self.max_steps
                  or self.max_epochs,

@@ -53,9 +53,12 @@ def test_impossible_model_values(values, message):
     (dict(source_word_dropout=1.0), r"train.source_word_dropout must be in \[0, 1\), got 1.0"),
     (dict(label_smoothing=-0.1), r"train.label_smoothing must be in \[0, 1\), got -0.1"),
     (dict(rdrop=-1.0), r"train.rdrop must be >= 0, got -1.0"),
-    (dict(rdrop_from=1.0, max_steps=10), r"train.rdrop_from must be in \[0, 1\), got 1.0"),
-    (dict(rdrop_from=0.5), "train.rdrop_from is a fraction of the budget; set train.max_minutes"),
-    (dict(rdrop_from_epoch=-1), r"train.rdrop_from_epoch must be >= 0, got -1"),
+    (dict(rdrop=1.0, rdrop_from=1.0, max_steps=10), r"train.rdrop_from must be in \[0, 1\), got 1.0"),
+    (dict(rdrop=1.0, rdrop_from=0.5), "train.rdrop_from is a fraction of the budget; set train.max_minutes"),
+    (dict(rdrop=1.0, rdrop_from_epoch=-1), r"train.rdrop_from_epoch must be >= 0, got -1"),
+    (dict(rdrop_from=0.5, max_steps=10), "train.rdrop_from and train.rdrop_from_epoch only choose when "
+                                         "R-Drop starts; set train.rdrop > 0 to use it"),
+    (dict(rdrop_from_epoch=3), "set train.rdrop > 0 to use it"),
 ])
 def test_impossible_train_values(values, message):
     with pytest.raises(UserError, match=message):
