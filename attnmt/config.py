@@ -146,6 +146,7 @@ class TrainConfig:
     lr: float = 1e-3                  # peak learning rate
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
+    weight_decay_on: str = "all"      # all | matrices: not biases and normalisation gains and shifts
     schedule: str = "noam"            # noam | constant | plateau | linear | wsd (attnmt/schedule.py)
     warmup: int = 800                 # updates of linear warmup
     cooldown: float = 0.2             # wsd: the last fraction of the budget, decayed to zero
@@ -181,6 +182,7 @@ class TrainConfig:
 
     def __post_init__(self):
         _choice("train", "optimizer", self.optimizer, ("adam", "adamw"))
+        _choice("train", "weight_decay_on", self.weight_decay_on, ("all", "matrices"))
         _choice("train", "schedule", self.schedule, SCHEDULES)
         _choice("train", "early_stop_metric", self.early_stop_metric, ("bleu", "loss"))
         _choice("train", "precision", self.precision, PRECISIONS)

@@ -111,6 +111,17 @@ def default_pad_multiple(autocast_dtype: torch.dtype | None, arch: str, device: 
     return 8 if device.type == "cuda" or torch.cpu._is_amx_tile_supported() else 1
 
 
+def parameter_groups(model: nn.Module, weight_decay_on: str) -> list[dict]:
+    """The optimizer's parameter groups. ``weight_decay_on`` "all": one group, every weight
+    decays; "matrices": the weights of one dimension (biases, LayerNorm gains and shifts) form
+    a second group with weight decay 0."""
+    parameters = list(model.parameters())
+    if weight_decay_on == "all":
+        return [{"params": parameters}]
+    return [{"params": [p for p in parameters if p.dim() >= 2]},
+            {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}]
+
+
 class Trainer:
     """The training loop of one run. ``data`` comes from :func:`attnmt.run.prepare_data`;
     ``clock`` measures training time (tests pass a fake one)."""
@@ -139,7 +150,8 @@ class Trainer:
         if self.train_config.compile:
             self.loss_module = torch.compile(self.loss_module, dynamic=True)
         optimizer_class = torch.optim.AdamW if self.train_config.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = optimizer_class(self.model.parameters(), lr=self.train_config.lr,
+        self.optimizer = optimizer_class(parameter_groups(self.model, self.train_config.weight_decay_on),
+                                         lr=self.train_config.lr,
                                          betas=self.train_config.betas, eps=1e-9,
                                          weight_decay=self.train_config.weight_decay)
         self.average = (ExponentialMovingAverage(self.model, self.train_config.ema_decay)

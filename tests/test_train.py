@@ -130,8 +130,9 @@ def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
 @pytest.mark.parametrize("settings", [[], ["train.schedule=wsd", "train.cooldown=0.5",
                                            "train.ema_decay=0.95", "train.pad_multiple=8",
                                            "train.source_word_dropout=0.2", "train.rdrop=1",
-                                           "train.rdrop_from=0.2"]],
-                         ids=["noam", "wsd-ema-pad8-worddrop-rdrop"])
+                                           "train.rdrop_from=0.2", "train.optimizer=adamw",
+                                           "train.weight_decay=0.1", "train.weight_decay_on=matrices"]],
+                         ids=["noam", "wsd-ema-pad8-worddrop-rdrop-adamw"])
 def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     options = [argument for setting in settings for argument in ("--set", setting)]
     reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
@@ -155,6 +156,27 @@ def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     columns = ["step", "progress", "lr", "valid_bleu", "ema_valid_bleu"]
     assert [[row[c] for c in columns] for row in read_log(killed_run)] == \
         [[row[c] for c in columns] for row in read_log(tmp_path / "reference")]
+
+
+@pytest.mark.parametrize("weight_decay_on", ["all", "matrices"])
+def test_weight_decay_on_matrices_spares_biases_and_norms(tiny_config, tmp_path, weight_decay_on):
+    config = load_config(tiny_config, ["train.optimizer=adamw", "train.weight_decay=0.5",
+                                       f"train.weight_decay_on={weight_decay_on}"])
+    trainer = trainer_for(config, tmp_path / "run")
+    named = dict(trainer.model.named_parameters())
+    before = {name: weight.detach().clone() for name, weight in named.items()}
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.1
+    for weight in named.values():     # zero gradients: AdamW's step is its decay alone
+        weight.grad = torch.zeros_like(weight)
+    trainer.optimizer.step()
+    spared = {name for name, weight in named.items()
+              if weight_decay_on == "matrices" and weight.dim() == 1}
+    if weight_decay_on == "matrices":
+        assert {"bias", "norm"} <= {word for name in spared for word in ("bias", "norm") if word in name}
+    for name, weight in named.items():
+        factor = 1.0 if name in spared else 1 - 0.1 * 0.5
+        torch.testing.assert_close(weight.detach(), before[name] * factor, msg=name)
 
 
 def test_resume_with_subword_sampling_redoes_the_same_steps(tiny_config, tmp_path):
