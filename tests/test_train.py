@@ -173,7 +173,7 @@ def test_weight_decay_on_matrices_spares_biases_and_norms(tiny_config, tmp_path,
     spared = {name for name, weight in named.items()
               if weight_decay_on == "matrices" and weight.dim() == 1}
     if weight_decay_on == "matrices":
-        assert {"bias", "norm"} <= {word for name in spared for word in ("bias", "norm") if word in name}
+        assert any("bias" in name for name in spared) and any("norm" in name for name in spared)
     for name, weight in named.items():
         factor = 1.0 if name in spared else 1 - 0.1 * 0.5
         torch.testing.assert_close(weight.detach(), before[name] * factor, msg=name)
