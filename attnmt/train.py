@@ -195,11 +195,25 @@ class Trainer:
             (self.run.checkpoints / old).unlink(missing_ok=True)
         self.run.drop_segmentations_before(self.progress.epoch)
 
+    def load_optimizer(self, saved: dict) -> None:
+        """Load the saved moments of the optimizer; its settings (weight decay, betas) stay the
+        config's, which a resumed run may change like its other train settings."""
+        settings = [{key: value for key, value in group.items() if key != "params"}
+                    for group in self.optimizer.param_groups]
+        if len(saved["param_groups"]) != len(settings):
+            raise UserError(f"{self.run.state} holds the optimizer state of "
+                            f"{len(saved['param_groups'])} parameter group(s), but "
+                            f"train.weight_decay_on: {self.train_config.weight_decay_on} makes "
+                            f"{len(settings)}; resume with the weight_decay_on the run was trained with")
+        self.optimizer.load_state_dict(saved)
+        for group, setting in zip(self.optimizer.param_groups, settings):
+            group.update(setting)
+
     def resume(self) -> None:
         state = load_state(self.run.state)
         try:
             self.progress = Progress(**state["progress"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.load_optimizer(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])
             cpu_state, cuda_state = state["rng"][self.cluster.rank]
             if self.average is not None:

@@ -179,6 +179,24 @@ def test_weight_decay_on_matrices_spares_biases_and_norms(tiny_config, tmp_path,
         torch.testing.assert_close(weight.detach(), before[name] * factor, msg=name)
 
 
+def test_resume_takes_the_optimizer_settings_of_the_config(tiny_config, tmp_path):
+    """The saved state brings the moments; weight decay and the optimizer are the config's."""
+    trainer_for(load_config(tiny_config, ["train.max_steps=2", "train.validate_every=1"]),
+                tmp_path / "run").fit()
+    run = RunDirectory(tmp_path / "run")
+    config = load_config(tiny_config, ["train.optimizer=adamw", "train.weight_decay=0.3"])
+    resumed = Trainer(config, run, prepare_data(config, run))
+    resumed.resume()
+    assert [group["weight_decay"] for group in resumed.optimizer.param_groups] == [0.3]
+    assert resumed.optimizer.param_groups[0]["decoupled_weight_decay"]
+    assert resumed.optimizer.state, "the saved moments were not loaded"
+
+    config = load_config(tiny_config, ["train.weight_decay_on=matrices"])
+    with pytest.raises(UserError, match="optimizer state of 1 parameter group.*"
+                                        "weight_decay_on: matrices makes 2"):
+        Trainer(config, run, prepare_data(config, run)).resume()
+
+
 def test_resume_with_subword_sampling_redoes_the_same_steps(tiny_config, tmp_path):
     # SentencePiece's sampler differs between processes, so there is no reference run: the
     # steps after the checkpoint, done before the kill, must come out the same when redone.
