@@ -375,6 +375,7 @@ class Trainer:
             self.resume()
             if self.cluster.is_main:
                 say(f"resuming {self.run.path} at step {self.progress.step}")
+                save_config(self.config, self.run.config)   # only now: a refused resume changes nothing
         stream = self.batch_stream()
         bar = tqdm(initial=self.progress.step, total=self.train_config.max_steps or None,
                    unit="step", dynamic_ncols=True, disable=None if self.cluster.is_main else True)
@@ -531,7 +532,7 @@ def train_config(config: Config, run_dir: str | Path) -> Path:
     run = open_run(config, run_dir)
     cluster = init_cluster(resolve_device(config.train.device).type)
     try:
-        if cluster.is_main:
+        if cluster.is_main and not run.exists():    # a resumed run saves it once its state is accepted
             save_config(config, run.config)
         Trainer(config, run, prepare_data(config, run, cluster), cluster).fit()
     finally:

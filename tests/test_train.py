@@ -180,10 +180,9 @@ def test_weight_decay_on_matrices_spares_biases_and_norms(tiny_config, tmp_path,
 
 
 def test_resume_takes_the_optimizer_settings_of_the_config(tiny_config, tmp_path):
-    """The saved state brings the moments; weight decay and the optimizer are the config's."""
-    trainer_for(load_config(tiny_config, ["train.max_steps=2", "train.validate_every=1"]),
-                tmp_path / "run").fit()
-    run = RunDirectory(tmp_path / "run")
+    """The saved state brings the moments; weight decay and the optimizer are the config's.
+    A refused resume leaves the run's config.yaml as it was; an accepted one saves its own."""
+    run = RunDirectory(train(tiny_config, tmp_path / "run", ["train.max_steps=2", "train.validate_every=1"]))
     config = load_config(tiny_config, ["train.optimizer=adamw", "train.weight_decay=0.3"])
     resumed = Trainer(config, run, prepare_data(config, run))
     resumed.resume()
@@ -191,10 +190,13 @@ def test_resume_takes_the_optimizer_settings_of_the_config(tiny_config, tmp_path
     assert resumed.optimizer.param_groups[0]["decoupled_weight_decay"]
     assert resumed.optimizer.state, "the saved moments were not loaded"
 
-    config = load_config(tiny_config, ["train.weight_decay_on=matrices"])
+    saved_config = run.config.read_text()
     with pytest.raises(UserError, match="optimizer state of 1 parameter group.*"
                                         "weight_decay_on: matrices makes 2"):
-        Trainer(config, run, prepare_data(config, run)).resume()
+        train(tiny_config, run.path, ["train.max_steps=4", "train.weight_decay_on=matrices"])
+    assert run.config.read_text() == saved_config
+    train(tiny_config, run.path, ["train.max_steps=3"])      # an accepted resume saves its config
+    assert load_config(run.config).train.max_steps == 3
 
 
 def test_resume_with_subword_sampling_redoes_the_same_steps(tiny_config, tmp_path):
