@@ -158,6 +158,7 @@ class TrainConfig:
                                       # dropout passes of each batch (twice the computation per update)
     rdrop_from: float = 0.0           # R-Drop only once this fraction p of the budget is used
     rdrop_from_epoch: int = 0         # ... and only from this epoch on (counted from 0, as in log.csv)
+    ffn_dropout_from_epoch: int = 0   # model.ffn_dropout only from this epoch on; 0 before it
     clip_norm: float = 1.0            # 0 = no clipping
     accumulate: int = 1
     batch_tokens: int = 4096          # padded tokens per batch (after accumulation: x accumulate)
@@ -195,7 +196,7 @@ class TrainConfig:
             _require(getattr(self, name) >= 1, f"train.{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "max_steps", "max_epochs", "max_minutes", "patience", "clip_norm",
                      "weight_decay", "threads", "average_checkpoints", "pad_multiple", "rdrop",
-                     "rdrop_from_epoch"):
+                     "rdrop_from_epoch", "ffn_dropout_from_epoch"):
             _require(getattr(self, name) >= 0, f"train.{name} must be >= 0, got {getattr(self, name)}")
         _require(0.0 < self.cooldown <= 1.0, f"train.cooldown must be in (0, 1], got {self.cooldown}")
         _require(0.0 <= self.rdrop_from < 1.0, f"train.rdrop_from must be in [0, 1), got {self.rdrop_from}")
@@ -236,6 +237,12 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self):
+        _require(not self.train.ffn_dropout_from_epoch
+                 or (self.model.arch == "transformer" and self.model.ffn_dropout),
+                 "train.ffn_dropout_from_epoch only chooses when the Transformer's FFN dropout "
+                 "starts; set model.ffn_dropout > 0 to use it")
 
     def to_dict(self) -> dict:
         """Plain nested dict (tuples as lists), ready for YAML."""

@@ -38,6 +38,7 @@ from attnmt.process import resolve_device, resolve_precision
 from attnmt.run import RunDirectory, TrainingData, default_run_dir, open_run, prepare_data, say
 from attnmt.schedule import budget_progress, learning_rate
 from attnmt.search import greedy_search
+from attnmt.transformer import FeedForward
 
 
 @dataclass
@@ -143,6 +144,8 @@ class Trainer:
                                  data.target_tokenizer.vocab_size).to(self.device)
         if cluster.rank:                                  # different dropout on every rank
             torch.manual_seed(self.train_config.seed + 7919 * cluster.rank)
+        self.ffn_dropouts = [module.hidden_dropout for module in self.model.modules()
+                             if isinstance(module, FeedForward)]
         self.loss_module = TrainingLoss(self.model)
         if cluster.active:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -307,13 +310,24 @@ class Trainer:
         return budget_progress(self.progress.step, self.progress.train_seconds, self.passes(),
                                self.train_config)
 
+    def batch_epoch(self) -> int:
+        """The pass of the last batch just taken from ``batch_stream`` (a pass counts as done
+        once its last batch is taken)."""
+        return self.progress.epoch - (self.progress.batch_in_epoch == 0)
+
     def rdrop_started(self) -> bool:
-        """Whether the update of the batches just taken from ``batch_stream`` uses R-Drop: the
-        pass of the last of them (a pass counts as done once its last batch is taken) is
+        """Whether the update of the batches just taken uses R-Drop: their pass is
         ``train.rdrop_from_epoch`` or later, and the budget used is ``train.rdrop_from`` or more."""
         config = self.train_config
-        batch_epoch = self.progress.epoch - (self.progress.batch_in_epoch == 0)
-        return self.budget_progress() >= config.rdrop_from and batch_epoch >= config.rdrop_from_epoch
+        return self.budget_progress() >= config.rdrop_from and self.batch_epoch() >= config.rdrop_from_epoch
+
+    def start_ffn_dropout(self) -> None:
+        """``model.ffn_dropout`` on the FFN hidden layers for the batches just taken if their
+        pass is ``train.ffn_dropout_from_epoch`` or later, none before it. Only the trainer
+        changes it, from its progress, so a resumed run drops the same as an unbroken one."""
+        started = self.batch_epoch() >= self.train_config.ffn_dropout_from_epoch
+        for dropout in self.ffn_dropouts:
+            dropout.p = self.config.model.ffn_dropout if started else 0.0
 
     def train_step(self, batches) -> tuple[float, int]:
         """One update over ``accumulate`` batches on every rank.
@@ -328,6 +342,7 @@ class Trainer:
         scale = self.cluster.world / tokens          # DDP averages gradients over ranks
         config = self.train_config
         rdrop = config.rdrop if self.rdrop_started() else 0.0
+        self.start_ffn_dropout()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active

@@ -67,7 +67,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), Dropout(dropout),
+        self.hidden_dropout = Dropout(dropout)       # the trainer may start it late
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), self.hidden_dropout,
                                  nn.Linear(ffn_dim, d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -59,10 +59,21 @@ def test_impossible_model_values(values, message):
     (dict(rdrop_from=0.5, max_steps=10), "train.rdrop_from and train.rdrop_from_epoch only choose when "
                                          "R-Drop starts; set train.rdrop > 0 to use it"),
     (dict(rdrop_from_epoch=3), "set train.rdrop > 0 to use it"),
+    (dict(ffn_dropout_from_epoch=-1), r"train.ffn_dropout_from_epoch must be >= 0, got -1"),
 ])
 def test_impossible_train_values(values, message):
     with pytest.raises(UserError, match=message):
         TrainConfig(**values)
+
+
+@pytest.mark.parametrize("overrides", [["train.ffn_dropout_from_epoch=3"],
+                                       ["train.ffn_dropout_from_epoch=3", "model.ffn_dropout=0.1",
+                                        "model.arch=rnn"]])
+def test_ffn_dropout_start_needs_a_transformer_ffn_dropout(tmp_path, overrides):
+    with pytest.raises(UserError, match="train.ffn_dropout_from_epoch only chooses when the "
+                                        "Transformer's FFN dropout starts; set model.ffn_dropout > 0"):
+        load_config(write(tmp_path, "{}"), overrides)
+    load_config(write(tmp_path, "{}"), ["train.ffn_dropout_from_epoch=3", "model.ffn_dropout=0.1"])
 
 
 @pytest.mark.parametrize("values,message", [

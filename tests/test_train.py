@@ -15,6 +15,7 @@ from attnmt.data import UNK_ID
 from attnmt.errors import UserError
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer, train
+from attnmt.transformer import FeedForward
 
 
 
@@ -131,8 +132,9 @@ def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
                                            "train.ema_decay=0.95", "train.pad_multiple=8",
                                            "train.source_word_dropout=0.2", "train.rdrop=1",
                                            "train.rdrop_from=0.2", "train.optimizer=adamw",
-                                           "train.weight_decay=0.1", "train.weight_decay_on=matrices"]],
-                         ids=["noam", "wsd-ema-pad8-worddrop-rdrop-adamw"])
+                                           "train.weight_decay=0.1", "train.weight_decay_on=matrices",
+                                           "model.ffn_dropout=0.3", "train.ffn_dropout_from_epoch=5"]],
+                         ids=["noam", "wsd-ema-pad8-worddrop-rdrop-adamw-lateffndrop"])
 def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     options = [argument for setting in settings for argument in ("--set", setting)]
     reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
@@ -351,6 +353,24 @@ def test_rdrop_starts_with_the_first_batch_of_its_epoch(tiny_config, tmp_path, m
     for _ in range(per_pass + 1):
         trainer.train_step([next(stream)])
     assert weights == [0.0] * per_pass + [2.0] * 2   # pass 0 without, pass 1 with from its first batch
+
+
+def test_ffn_dropout_starts_with_the_first_batch_of_its_epoch(tiny_config, tmp_path, monkeypatch):
+    config = load_config(tiny_config, ["model.ffn_dropout=0.3", "train.ffn_dropout_from_epoch=1",
+                                       "train.max_steps=50"])
+    trainer = trainer_for(config, tmp_path / "run")
+    hidden = [module.hidden_dropout for module in trainer.model.modules() if isinstance(module, FeedForward)]
+    layers = config.model.encoder_layers + config.model.decoder_layers
+    assert len(hidden) == layers
+    used, forward = [], FeedForward.forward
+    monkeypatch.setattr(FeedForward, "forward", lambda module, x:
+                        used.append(module.hidden_dropout.p) or forward(module, x))
+    stream = trainer.batch_stream()
+    trainer.train_step([next(stream)])
+    per_pass = trainer.epoch_batches
+    for _ in range(per_pass + 1):
+        trainer.train_step([next(stream)])
+    assert used == [0.0] * layers * per_pass + [0.3] * layers * 2   # pass 1 from its first batch on
 
 
 def test_rdrop_starts_at_its_fraction_of_the_budget_and_never_validates(tiny_config, tmp_path,
