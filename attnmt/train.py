@@ -321,7 +321,7 @@ class Trainer:
         config = self.train_config
         return self.budget_progress() >= config.rdrop_from and self.batch_epoch() >= config.rdrop_from_epoch
 
-    def start_ffn_dropout(self) -> None:
+    def set_ffn_dropout(self) -> None:
         """``model.ffn_dropout`` on the FFN hidden layers for the batches just taken if their
         pass is ``train.ffn_dropout_from_epoch`` or later, none before it. Only the trainer
         changes it, from its progress, so a resumed run drops the same as an unbroken one."""
@@ -342,7 +342,7 @@ class Trainer:
         scale = self.cluster.world / tokens          # DDP averages gradients over ranks
         config = self.train_config
         rdrop = config.rdrop if self.rdrop_started() else 0.0
-        self.start_ffn_dropout()
+        self.set_ffn_dropout()
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for number, batch in enumerate(batches, start=1):
             synchronise = number == len(batches) or not self.cluster.active

@@ -67,9 +67,13 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
         super().__init__()
-        self.hidden_dropout = Dropout(dropout)       # the trainer may start it late
-        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), self.hidden_dropout,
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), Dropout(dropout),
                                  nn.Linear(ffn_dim, d_model))
+
+    @property
+    def hidden_dropout(self) -> Dropout:
+        """The dropout on the hidden layer (the trainer may start it late)."""
+        return self.net[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
