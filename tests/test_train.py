@@ -359,9 +359,8 @@ def test_ffn_dropout_starts_with_the_first_batch_of_its_epoch(tiny_config, tmp_p
     config = load_config(tiny_config, ["model.ffn_dropout=0.3", "train.ffn_dropout_from_epoch=1",
                                        "train.max_steps=50"])
     trainer = trainer_for(config, tmp_path / "run")
-    hidden = [module.hidden_dropout for module in trainer.model.modules() if isinstance(module, FeedForward)]
     layers = config.model.encoder_layers + config.model.decoder_layers
-    assert len(hidden) == layers
+    assert len(trainer.ffn_dropouts) == layers
     used, forward = [], FeedForward.forward
     monkeypatch.setattr(FeedForward, "forward", lambda module, x:
                         used.append(module.hidden_dropout.p) or forward(module, x))
