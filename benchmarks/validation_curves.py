@@ -1,13 +1,15 @@
 """Greedy validation BLEU against training minutes, one line per run.
 
     python benchmarks/validation_curves.py LABEL=SOURCE [LABEL=SOURCE ...] --out FIGURE.png
-        [--title TITLE]
+        [--title TITLE] [--dashed TEXT]
 
 A SOURCE is a run directory (its ``log.csv``) or the ``quality.json`` that
 ``benchmarks/quality.py`` wrote for a run (its ``valid_curve``), so the figures in
 docs/results.md and docs/tuning.md can be redrawn from the JSON files kept beside
 them. With ``train.ema_decay`` a run logs the moving average's BLEU too; the curve takes the
 better of the two at each validation (what ``best.safetensors`` chooses from).
+``--dashed fp32`` draws every run whose label contains "fp32" dashed, so that two machine
+cases can be told apart at a glance.
 """
 
 from __future__ import annotations
@@ -53,13 +55,15 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", metavar="LABEL=SOURCE")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--title", default="greedy validation BLEU during training")
+    parser.add_argument("--dashed", metavar="TEXT", help="draw runs whose label contains TEXT dashed")
     args = parser.parse_args()
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.subplots()
     for item in args.runs:
         label, _, run = item.partition("=")
         minutes, bleu = curve(Path(run))
-        axes.plot(minutes, bleu, marker="o", markersize=3, label=label)
+        dashed = args.dashed is not None and args.dashed in label
+        axes.plot(minutes, bleu, "--" if dashed else "-", marker="o", markersize=3, label=label)
         print(f"{label}: " + ", ".join(f"{b:.2f} ({m:.0f} min)" for m, b in zip(minutes, bleu)))
     axes.set(title=args.title, xlabel="training minutes", ylabel="validation BLEU (greedy)")
     axes.grid(alpha=0.3)
