@@ -25,14 +25,25 @@ from attnmt.run import RunDirectory
 
 def curve(source: Path) -> tuple[list[float], list[float]]:
     """``(training minutes, validation BLEU)`` at each validation of a run."""
-    if source.suffix == ".json":
+    if source.suffix == ".json" and source.is_file():
         return curve_from_quality_json(source)
-    return curve_from_log(source)
+    if source.is_dir():
+        try:
+            minutes, bleu = curve_from_log(source)
+        except (KeyError, ValueError):
+            raise SystemExit(f"{source}/log.csv is not a log written by attnmt train") from None
+        if minutes:
+            return minutes, bleu
+        raise SystemExit(f"{source} has no validation rows in its log.csv")
+    raise SystemExit(f"{source} is neither a run directory nor a quality.json")
 
 
 def curve_from_quality_json(path: Path) -> tuple[list[float], list[float]]:
     """The curve of a quality.json: rows ``[wall min, training min, step, BLEU, EMA BLEU or null]``."""
-    rows = json.loads(path.read_text()).get("valid_curve")
+    try:
+        rows = json.loads(path.read_text()).get("valid_curve")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise SystemExit(f"{path} is not a quality.json written by benchmarks/quality.py") from None
     if not rows:
         raise SystemExit(f"{path} has no valid_curve (written before quality.py recorded it)")
     return [row[1] for row in rows], [max(b for b in row[3:5] if b is not None) for row in rows]
@@ -60,7 +71,9 @@ def main() -> None:
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.subplots()
     for item in args.runs:
-        label, _, run = item.partition("=")
+        label, equals, run = item.partition("=")
+        if not equals or not label or not run:
+            parser.error(f"{item!r} is not LABEL=SOURCE")
         minutes, bleu = curve(Path(run))
         dashed = args.dashed is not None and args.dashed in label
         axes.plot(minutes, bleu, "--" if dashed else "-", marker="o", markersize=3, label=label)
