@@ -28,13 +28,7 @@ def curve(source: Path) -> tuple[list[float], list[float]]:
     if source.suffix == ".json" and source.is_file():
         return curve_from_quality_json(source)
     if source.is_dir():
-        try:
-            minutes, bleu = curve_from_log(source)
-        except (KeyError, ValueError):
-            raise SystemExit(f"{source}/log.csv is not a log written by attnmt train") from None
-        if minutes:
-            return minutes, bleu
-        raise SystemExit(f"{source} has no validation rows in its log.csv")
+        return curve_from_log(source)
     raise SystemExit(f"{source} is neither a run directory nor a quality.json")
 
 
@@ -42,22 +36,27 @@ def curve_from_quality_json(path: Path) -> tuple[list[float], list[float]]:
     """The curve of a quality.json: rows ``[wall min, training min, step, BLEU, EMA BLEU or null]``."""
     try:
         rows = json.loads(path.read_text()).get("valid_curve")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        if not rows:
+            raise SystemExit(f"{path} has no valid_curve (written before quality.py recorded it)")
+        return [row[1] for row in rows], [max(b for b in row[3:5] if b is not None) for row in rows]
+    except (ValueError, AttributeError, IndexError, TypeError):
         raise SystemExit(f"{path} is not a quality.json written by benchmarks/quality.py") from None
-    if not rows:
-        raise SystemExit(f"{path} has no valid_curve (written before quality.py recorded it)")
-    return [row[1] for row in rows], [max(b for b in row[3:5] if b is not None) for row in rows]
 
 
 def curve_from_log(run: Path) -> tuple[list[float], list[float]]:
     """The curve of a run directory's log.csv."""
     minutes, bleu = [], []
-    for row in RunDirectory(run).read_log():
-        if row.get("valid_bleu"):
-            scores = [float(row["valid_bleu"])] + ([float(row["ema_valid_bleu"])]
-                                                   if row.get("ema_valid_bleu") else [])
-            minutes.append(float(row.get("train_s") or row["elapsed_s"]) / 60)
-            bleu.append(max(scores))
+    try:
+        for row in RunDirectory(run).read_log():
+            if row.get("valid_bleu"):
+                scores = [float(row["valid_bleu"])] + ([float(row["ema_valid_bleu"])]
+                                                       if row.get("ema_valid_bleu") else [])
+                minutes.append(float(row.get("train_s") or row["elapsed_s"]) / 60)
+                bleu.append(max(scores))
+    except (KeyError, ValueError):
+        raise SystemExit(f"{run}/log.csv is not a log written by attnmt train") from None
+    if not minutes:
+        raise SystemExit(f"{run} has no validations in a log.csv")
     return minutes, bleu
 
 
@@ -68,6 +67,8 @@ def main() -> None:
     parser.add_argument("--title", default="greedy validation BLEU during training")
     parser.add_argument("--dashed", metavar="TEXT", help="draw runs whose label contains TEXT dashed")
     args = parser.parse_args()
+    if not args.out.parent.is_dir():
+        parser.error(f"--out: the folder {args.out.parent} does not exist")
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     axes = figure.subplots()
     for item in args.runs:
