@@ -100,15 +100,19 @@ def _iter_tsv(path: Path):
 # --- Multi30k -------------------------------------------------------------------------------
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{name}"
+MULTI30K_LANGS = ("cs", "de", "en", "fr")
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 # SHA-256 of the task-1 raw files of the public Multi30k repository (data/task1/raw/).
 MULTI30K_SHA256 = {
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
     "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
     "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
     "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
     "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
@@ -139,8 +143,8 @@ def _cache_folder() -> Path:
 def read_multi30k(split: str, src_lang: str, tgt_lang: str, configured_dir: str) -> ParallelCorpus:
     """One split (``train``, ``valid`` or ``test``) of Multi30k task 1, downloading if absent."""
     for lang in (src_lang, tgt_lang):
-        if lang not in ("de", "en", "fr"):
-            raise UserError(f"Multi30k has de, en and fr; got language {lang!r}")
+        if lang not in MULTI30K_LANGS:
+            raise UserError(f"Multi30k has {', '.join(MULTI30K_LANGS)}; got language {lang!r}")
     folder = multi30k_folder(configured_dir) or _download_multi30k(configured_dir)
     corpus = read_parallel(folder / MULTI30K_SPLITS[split], src_lang, tgt_lang)
     corpus.name = f"multi30k/{MULTI30K_SPLITS[split]}"
@@ -153,11 +157,11 @@ def _download_multi30k(configured_dir: str) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     try:
         for split in MULTI30K_SPLITS.values():
-            for lang in ("de", "en", "fr"):
+            for lang in MULTI30K_LANGS:
                 _download_verified(f"{split}.{lang}.gz", target)
     except (urllib.error.URLError, OSError, TimeoutError) as error:
         raise UserError(f"Multi30k files not found (looked in {looked}) and the download failed "
-                        f"({error}); put train/val/test_2016_flickr.{{de,en,fr}}.gz in a folder and "
+                        f"({error}); put train/val/test_2016_flickr.{{cs,de,en,fr}}.gz in a folder and "
                         "set data.dir or ATTNMT_DATA to it") from None
     return target
 
