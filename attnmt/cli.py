@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -40,32 +41,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     translate = commands.add_parser("translate", help="translate raw text with a trained run",
                                     description="Translate raw text, one sentence per line, from "
-                                                "-i FILE or standard input.")
-    add_decoding_options(translate)
-    translate.add_argument("-i", "--input", help="input file (default: standard input)")
+                                                "-i FILE or standard input, a chunk of lines at a "
+                                                "time. Several runs translate as an ensemble.")
+    add_decoding_options(translate, ensemble=True)
+    translate.add_argument("-i", "--input", help="input file, .gz read too (default: standard input)")
     translate.add_argument("-o", "--output", help="output file (default: standard output)")
+    add_stream_options(translate, "-o")
     translate.add_argument("--n-best", type=int, default=1,
                            help="print N hypotheses (with --sample: N samples) per input as "
                                 "'index ||| hypothesis ||| score'")
     translate.add_argument("--alignment", action="store_true",
                            help="append hard alignments (source word-target word pairs)")
-    sampling = translate.add_argument_group("sampling (instead of beam search)")
-    sampling.add_argument("--sample", action="store_true",
-                          help="draw each token from the model's distribution")
-    sampling.add_argument("--temperature", type=float, default=1.0,
-                          help="divide log-probabilities by T before sampling (default 1)")
-    sampling.add_argument("--top-k", type=int, default=0,
-                          help="sample among the K most likely tokens (default 0: all)")
-    sampling.add_argument("--top-p", type=float, default=1.0,
-                          help="sample among the smallest set of tokens whose probability "
-                               "reaches P (default 1: all)")
-    sampling.add_argument("--seed", type=int, default=0,
-                          help="the same seed gives the same samples for the same sentence")
+    add_sampling_options(translate, "draw each token from the model's distribution")
     translate.set_defaults(handler=run_translate)
+
+    synthesize = commands.add_parser(
+        "synthesize", help="translate text into synthetic pairs (back-translation, distillation)",
+        description="Translate a text in language L (-i) with a run (or ensemble) that translates "
+                    "L into M, writing the pairs OUT.L (the text) and OUT.M (its translation), "
+                    "line for line. Back-translation: a reverse model on target-language text, "
+                    "then train with --set 'data.synthetic=[OUT]'. Distillation: a teacher on the "
+                    "training sources, then train on OUT as the corpus. Resumable, in chunks.")
+    add_decoding_options(synthesize, ensemble=True)
+    synthesize.add_argument("-i", "--input", required=True, help="text file (.gz read too)")
+    synthesize.add_argument("-o", "--output", required=True, metavar="OUT",
+                            help="prefix of the pair files to write (OUT.L and OUT.M)")
+    add_stream_options(synthesize, "OUT.L and OUT.M")
+    add_sampling_options(synthesize, "draw each translation from the model (sampled "
+                                     "back-translation) instead of beam search")
+    synthesize.set_defaults(handler=run_synthesize)
 
     evaluate = commands.add_parser("evaluate", help="translate a test set and score it",
                                    description="sacreBLEU BLEU (with signature), chrF and TER.")
-    add_decoding_options(evaluate)
+    add_decoding_options(evaluate, ensemble=True)
     evaluate.add_argument("--src", required=True, help="source file (.gz read too)")
     evaluate.add_argument("--ref", required=True, help="reference file (.gz read too)")
     evaluate.add_argument("--lowercase", action="store_true",
@@ -134,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
                        help="how long a micro-batch waits for more requests")
+    serve.add_argument("--workers", type=int, default=0, metavar="N",
+                       help="micro-batches decoded at once (default: 1 on the PyTorch engine, "
+                            "one per CTranslate2 thread)")
     serve.add_argument("--checkpoint", default="best",
                        help="best (default), last, or a .safetensors file of this run's model")
     serve.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
@@ -151,8 +162,14 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override a config value, e.g. --set train.max_steps=1000")
 
 
-def add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run directory made by 'attnmt train'")
+def add_decoding_options(parser: argparse.ArgumentParser, ensemble: bool = False) -> None:
+    if ensemble:
+        parser.add_argument("run", nargs="+", metavar="RUN",
+                            help="run directory made by 'attnmt train' or folder made by 'attnmt "
+                                 "export'; several runs: their ensemble (same vocabulary)")
+    else:
+        parser.add_argument("run", help="run directory made by 'attnmt train' or folder made by "
+                                        "'attnmt export'")
     parser.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the run's decode.beam)")
     parser.add_argument("--alpha", type=float, help="length penalty exponent (0 = none)")
     parser.add_argument("--batch-tokens", type=int, help="source tokens per batch")
@@ -160,13 +177,38 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                         help="best (default), last, or a .safetensors file of this run's model")
     parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
                         help="bf16: autocast, only where the hardware runs it natively")
+    parser.add_argument("--target-lang", metavar="LANG",
+                        help="output language of a one-to-many model (default: its data.tgt_lang)")
     add_engine_options(parser)
 
 
+def add_stream_options(parser: argparse.ArgumentParser, output: str) -> None:
+    parser.add_argument("--resume", action="store_true",
+                        help=f"continue an interrupted run: keep the finished lines of {output} "
+                             "and translate the rest of the input")
+    parser.add_argument("--progress", action="store_true",
+                        help="show a progress bar on standard error (shown anyway on a terminal)")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, sample_help: str) -> None:
+    sampling = parser.add_argument_group("sampling (instead of beam search)")
+    sampling.add_argument("--sample", action="store_true", help=sample_help)
+    sampling.add_argument("--temperature", type=float, default=1.0,
+                          help="divide log-probabilities by T before sampling (default 1)")
+    sampling.add_argument("--top-k", type=int, default=0,
+                          help="sample among the K most likely tokens (default 0: all)")
+    sampling.add_argument("--top-p", type=float, default=1.0,
+                          help="sample among the smallest set of tokens whose probability "
+                               "reaches P (default 1: all)")
+    sampling.add_argument("--seed", type=int, default=0,
+                          help="the same seed gives the same samples for the same sentence")
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=["torch", "ctranslate2"], default="torch",
-                        help="torch (default), or ctranslate2: the C++ engine, with the run "
-                             "exported into RUN/ctranslate2-QUANTIZATION on first use")
+    parser.add_argument("--engine", choices=["auto", "torch", "ctranslate2"], default="auto",
+                        help="auto (default): ctranslate2 for a folder made by 'attnmt export', "
+                             "else torch; ctranslate2 on a run exports it into "
+                             "RUN/ctranslate2-QUANTIZATION on first use")
     parser.add_argument("--quantization", choices=["int8", "int8_float32", "bfloat16", "float32"],
                         default="int8", help="ctranslate2 engine: weight type (default int8)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
@@ -174,75 +216,144 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(threads: int = 0) -> None:
-    """The process settings every command runs with (attnmt/process.py); torch is imported
-    only by the commands that need it, so ``attnmt --help`` stays fast."""
+    """The process settings every PyTorch command runs with (attnmt/process.py); torch is
+    imported only by the commands that need it, so ``attnmt --help`` stays fast and the
+    CTranslate2 engine runs where PyTorch is not installed."""
     from attnmt.process import configure as apply
 
     apply(threads)
 
 
 def load_translator(args):
-    from attnmt.translator import Translator
+    from attnmt.translator import Translator, is_exported
 
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
-    configure(args.threads)
-    return Translator.from_run(args.run, args.checkpoint, args.precision, args.device, args.engine,
-                               args.quantization)
+    runs = args.run if isinstance(args.run, list) else [args.run]
+    engine = args.engine
+    if engine == "auto":
+        engine = "ctranslate2" if len(runs) == 1 and is_exported(runs[0]) else "torch"
+    if engine == "torch":
+        configure(args.threads)
+    translator = Translator.from_runs(runs, args.checkpoint, args.precision, args.device, engine,
+                                      args.quantization, args.threads)
+    translator.source_tag(args.target_lang)                  # refuse a language now, not later
+    return translator
+
+
+def sampling_from(args):
+    from attnmt.decoding import Sampling
+
+    return Sampling(args.temperature, args.top_k, args.top_p, args.seed) if args.sample else None
+
+
+def open_input(path: str | None):
+    """A binary stream of the input: a file (.gz decompressed) or standard input."""
+    if path is None:
+        return sys.stdin.buffer
+    import gzip
+
+    if not Path(path).is_file():
+        raise UserError(f"file not found: {path}")
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
 def run_translate(args) -> int:
+    from attnmt import streaming
     from attnmt.translator import hard_alignment
 
-    from attnmt.search import Sampling
-
-    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed) if args.sample else None
+    sampling = sampling_from(args)
     if args.n_best < 1:
         raise UserError(f"--n-best must be at least 1, got {args.n_best}")
+    if args.resume and not (args.input and args.output):
+        raise UserError("--resume needs -i FILE and -o FILE: it continues the output file "
+                        "from where the input stopped")
+    source = open_input(args.input)
     translator = load_translator(args)
     beam = max(args.beam or translator.config.decode.beam, args.n_best)
-    source = open(args.input, "rb") if args.input else sys.stdin.buffer
-    target = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    with source, target:
-        for first, lines in read_chunks(source, args.input or "standard input"):
-            translations = translator.translate(lines, beam, args.n_best, args.alpha,
-                                                args.batch_tokens, need_attention=args.alignment,
-                                                sampling=sampling)
-            for offset, translation in enumerate(translations):
-                for hypothesis in translation.hypotheses[:args.n_best]:
-                    fields = [hypothesis.text]
-                    if args.n_best > 1:
-                        fields = [str(first + offset), hypothesis.text, f"{hypothesis.score:.4f}"]
-                    if args.alignment:
-                        pairs = hard_alignment(translation, hypothesis, translator.source_tokenizer,
-                                               translator.target_tokenizer)
-                        fields.append(" ".join(f"{i}-{j}" for i, j in pairs))
-                    print(" ||| ".join(fields), file=target, flush=False)
-            target.flush()
+    done = 0
+    if args.resume:
+        done = streaming.resume_position(Path(args.output),
+                                         streaming.n_best_index if args.n_best > 1 else None)
+    total = streaming.count_lines(args.input) if args.input else None
+    bar = streaming.progress_bar(total, args.progress or None, "translate")
+    bar.update(done)
+
+    def translate(lines):
+        return translator.translate(lines, beam, args.n_best, args.alpha, args.batch_tokens,
+                                    need_attention=args.alignment, sampling=sampling,
+                                    target_lang=args.target_lang)
+
+    def write(first, lines, translations):
+        output = []
+        for offset, translation in enumerate(translations):
+            for hypothesis in translation.hypotheses[:args.n_best]:
+                fields = [hypothesis.text]
+                if args.n_best > 1:
+                    fields = [str(first + offset), hypothesis.text, f"{hypothesis.score:.4f}"]
+                if args.alignment:
+                    pairs = hard_alignment(translation, hypothesis, translator.source_tokenizer,
+                                           translator.target_tokenizer)
+                    fields.append(" ".join(f"{i}-{j}" for i, j in pairs))
+                output.append(" ||| ".join(fields) + "\n")
+        target.write("".join(output))
+        streaming.sync(target) if args.output else target.flush()
+
+    with source:
+        target = open(args.output, "a" if args.resume else "w", encoding="utf-8") \
+            if args.output else sys.stdout
+        with target if args.output else contextlib.nullcontext():
+            lines = streaming.skip(streaming.read_lines(source, args.input or "standard input"), done)
+            streaming.translate_chunks(translate, lines, write, bar, first=done)
     return 0
 
 
-def read_chunks(stream, name: str, size: int = 2000):
-    """``(index of first line, lines)`` chunks of a binary stream of UTF-8 lines, so input
-    may be endless; a line that is not UTF-8 stops with its number."""
-    chunk, first = [], 0
-    for number, raw in enumerate(iter(stream.readline, b"")):
-        try:
-            chunk.append(raw.decode("utf-8").rstrip("\r\n"))
-        except UnicodeDecodeError:
-            raise UserError(f"{name}: line {number + 1} is not valid UTF-8") from None
-        if len(chunk) == size:
-            yield first, chunk
-            chunk, first = [], number + 1
-    if chunk:
-        yield first, chunk
+def run_synthesize(args) -> int:
+    from attnmt import streaming
+
+    source = open_input(args.input)
+    translator = load_translator(args)
+    data = translator.config.data
+    mono_lang, synthetic_lang = data.src_lang, args.target_lang or data.tgt_lang
+    paths = {side: Path(f"{args.output}.{lang}")
+             for side, lang in (("mono", mono_lang), ("synthetic", synthetic_lang))}
+    if paths["mono"].resolve() == Path(args.input).resolve():
+        raise UserError(f"-o {args.output} would overwrite the input {args.input}; choose another OUT")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    done = 0
+    if args.resume:
+        done = min(streaming.resume_position(path) for path in paths.values())
+        for path in paths.values():                  # the longer file drops what the other lacks
+            streaming.keep_lines(path, done)
+    sampling = sampling_from(args)
+    bar = streaming.progress_bar(streaming.count_lines(args.input), args.progress or None,
+                                 f"synthesize {mono_lang}->{synthetic_lang}")
+    bar.update(done)
+    mode = "a" if args.resume else "w"
+    with source, open(paths["mono"], mode, encoding="utf-8") as mono, \
+            open(paths["synthetic"], mode, encoding="utf-8") as synthetic:
+        def translate(lines):
+            return translator.translate(lines, args.beam, 1, args.alpha, args.batch_tokens,
+                                        sampling=sampling, target_lang=args.target_lang)
+
+        def write(first, lines, translations):
+            synthetic.write("".join(t.best.text + "\n" for t in translations))
+            mono.write("".join(line + "\n" for line in lines))
+            streaming.sync(synthetic)
+            streaming.sync(mono)
+
+        lines = streaming.skip(streaming.read_lines(source, args.input), done)
+        count = streaming.translate_chunks(translate, lines, write, bar, first=done)
+    print(f"{done + count} pairs: {paths['mono']} and its translation {paths['synthetic']}",
+          file=sys.stderr)
+    return 0
 
 
 def run_plot(args) -> int:
     from attnmt.plot import plot_sentence
 
     paths = plot_sentence(load_translator(args), args.sentence, args.output, args.beam,
-                          args.self_attention)
+                          args.self_attention, args.target_lang)
     for path in paths:
         print(path)
     return 0
@@ -274,15 +385,16 @@ def run_experiment(args) -> int:
 
 def run_serve(args) -> int:
     from attnmt.serve import Limits, serve
-    from attnmt.translator import Translator
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
                     args.max_body_bytes, args.max_work, args.max_queue_work)
-    configure(args.threads)
-    translator = Translator.from_run(args.run, args.checkpoint, args.precision, args.device,
-                                     args.engine, args.quantization)
+    args.beam, args.target_lang = None, None
+    translator = load_translator(args)
     print(f"serving {args.run} on http://{args.host}:{args.port}/", file=sys.stderr)
-    serve(translator, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms)
+    if args.workers < 0:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    serve(translator, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
+          args.workers)
     return 0
 
 
@@ -296,7 +408,8 @@ def run_evaluate(args) -> int:
                         f"{args.ref} has {len(references)}")
     translator = load_translator(args)
     hypotheses = [t.best.text for t in translator.translate(sources, args.beam, 1, args.alpha,
-                                                            args.batch_tokens)]
+                                                            args.batch_tokens,
+                                                            target_lang=args.target_lang)]
     if args.hyp:
         Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     print(score_corpus(hypotheses, references, args.lowercase).summary())
@@ -368,6 +481,19 @@ def launch_processes(count: int, config_path: str, run_dir, overrides: list[str]
     return 0
 
 
+TORCH_VERSION = "2.13.0"          # the CPU build the README installs
+
+
+def needs_torch(command: str) -> str:
+    """What the command does that needs PyTorch, in the words of its error."""
+    return {"train": "training needs PyTorch", "prepare": "preparing training data needs PyTorch",
+            "export": "exporting a run needs PyTorch",
+            "demo": "the demo trains a model and needs PyTorch",
+            "experiment": "experiments train models and need PyTorch"}.get(
+        command, f"'attnmt {command}' on a training run needs PyTorch (a folder made by "
+                 "'attnmt export' translates without it)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -376,6 +502,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.handler(args)
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        print(f"attnmt: error: {needs_torch(args.command)}: pip install torch=={TORCH_VERSION}",
+              file=sys.stderr)
+        return 1
     except UserError as error:
         print(f"attnmt: error: {error}", file=sys.stderr)
         return 1

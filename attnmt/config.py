@@ -55,6 +55,16 @@ class DataConfig:
     extra_src_langs: tuple[str, ...] = ()  # training only: pairs from these languages into
                                       # tgt_lang are added (many-to-one), e.g. [fr]; validation
                                       # and test read src_lang only
+    extra_tgt_langs: tuple[str, ...] = ()  # training only: pairs from src_lang into these languages
+                                      # are added (one-to-many), e.g. [fr, cs]; every source then
+                                      # starts with its target language's tag <2xx>, and
+                                      # translation chooses the language (--target-lang)
+    synthetic: tuple[str, ...] = ()   # training only: corpora of synthetic pairs (back-translations),
+                                      # prefixes or .tsv files like data.train
+    synthetic_ratio: float = 1.0      # synthetic pairs per real pair in the training split: the real
+                                      # pairs are repeated whole times, the synthetic ones cut to fit
+    synthetic_tag: str = "<bt>"       # starts every synthetic source ('' for none); never added
+                                      # at translation
     numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
     numbers_train: int = 20000
     numbers_valid: int = 500
@@ -83,11 +93,42 @@ class DataConfig:
                  and len(set(self.extra_src_langs)) == len(self.extra_src_langs),
                  f"data.extra_src_langs must list languages other than src_lang and tgt_lang, "
                  f"each once; got {list(self.extra_src_langs)}")
-        _require(not self.extra_src_langs or self.dataset != "files"
+        _require(not set(self.extra_tgt_langs) & {self.src_lang, self.tgt_lang}
+                 and len(set(self.extra_tgt_langs)) == len(self.extra_tgt_langs),
+                 f"data.extra_tgt_langs must list languages other than src_lang and tgt_lang, "
+                 f"each once; got {list(self.extra_tgt_langs)}")
+        _require(not (self.extra_src_langs and self.extra_tgt_langs),
+                 "data.extra_src_langs (many-to-one) and data.extra_tgt_langs (one-to-many) "
+                 "cannot be combined; train one of the two")
+        _require(self.synthetic_ratio > 0,
+                 f"data.synthetic_ratio must be positive, got {self.synthetic_ratio}")
+        _require(self.synthetic_tag == "" or (not any(c.isspace() for c in self.synthetic_tag)
+                                              and not self.synthetic_tag.startswith("<2")),
+                 f"data.synthetic_tag must be one word, not a language tag <2xx>; "
+                 f"got {self.synthetic_tag!r}")
+        _require(not self.tags or self.tokenizer != "char",
+                 "tags (data.extra_tgt_langs, data.synthetic) need tokenizer: sentencepiece or "
+                 "whitespace; the char tokenizer would split them into letters")
+        _require(not (self.extra_src_langs or self.extra_tgt_langs) or self.dataset != "files"
                  or not self.train.endswith((".tsv", ".tsv.gz")),
-                 f"data.extra_src_langs needs one file per language ({self.train} holds one "
+                 f"data.extra_src_langs and extra_tgt_langs need one file per language ({self.train} holds one "
                  f"language pair); give data.train as a prefix, e.g. corpus/train for "
                  f"corpus/train.{self.src_lang}, corpus/train.{self.tgt_lang} and the others")
+
+    @property
+    def target_langs(self) -> tuple[str, ...]:
+        """The languages the model translates into; the first is the default."""
+        return (self.tgt_lang, *self.extra_tgt_langs)
+
+    def target_tag(self, lang: str) -> str:
+        """The tag that starts a source translated into ``lang`` ('' for one target language)."""
+        return f"<2{lang}>" if len(self.target_langs) > 1 else ""
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every tag a source may start with: pieces of their own in the vocabulary."""
+        tags = tuple(self.target_tag(lang) for lang in self.target_langs if self.target_tag(lang))
+        return tags + ((self.synthetic_tag,) if self.synthetic and self.synthetic_tag else ())
 
 
 @dataclass(frozen=True)

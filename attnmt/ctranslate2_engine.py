@@ -12,63 +12,87 @@ and the same as with the PyTorch engine. What the engine cannot do the same way:
 * it returns the attention of the last layer averaged over heads, without the step
   that emits EOS (that row is zeros; the EOS column is what the other columns leave);
 * it has no self-attention maps and no sampling with per-sentence seeds.
+
+Nothing here imports PyTorch: a folder written by ``attnmt export`` translates where
+only CTranslate2, SentencePiece and NumPy are installed. Only exporting a run on first
+use needs PyTorch.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from itertools import groupby
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from attnmt.config import Config
+from attnmt.decoding import Hypothesis
 from attnmt.errors import UserError
-from attnmt.export import QUANTIZATIONS, check_exportable, export_run, require_ctranslate2
-from attnmt.model import build_model
-from attnmt.run import RunDirectory, say
-from attnmt.search import Hypothesis
 
-
+QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float32")
+EXPORT_INFO = "export.json"               # written by attnmt export: what the model is
 BATCH_SENTENCES = 64                      # the engine's own batches (its threads take one each)
+
+
+def require_ctranslate2():
+    """The ``ctranslate2`` module, or a one-line error naming the extra that installs it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("CTranslate2 is not installed; install the extra: "
+                        "pip install -e \".[ct2]\" (or pip install ctranslate2)") from None
+    return ctranslate2
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class CTranslate2Engine:
     name = "ctranslate2"
 
-    def __init__(self, engine, config: Config, source_tokenizer, target_tokenizer, quantization: str):
+    def __init__(self, engine, config: Config, source_tokenizer, target_tokenizer, quantization: str,
+                 parameters: int | None):
         self.engine = engine
+        self.parallel_batches = engine.num_translators        # batches decoded at once
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
-        with torch.device("meta"):                 # the shape of the model, no memory
-            model = build_model(config.model, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-        self.parameters = model.num_parameters()
-        self.description = f"{model.description} (CTranslate2, {quantization})"
+        model = config.model
+        self.parameters = parameters
+        self.description = (f"Transformer, {model.encoder_layers}+{model.decoder_layers} layers, "
+                            f"{model.heads} heads (CTranslate2, {quantization})")
         self.attention_grid = (1, 1)                # last layer, heads averaged
         self.has_self_attention = False
-        self.max_source_tokens = model.max_source_tokens
+        self.max_source_tokens = model.max_positions - 1          # EOS takes one position
         self.target_ids = {target_tokenizer.id_to_piece(i): i for i in range(target_tokenizer.vocab_size)}
 
     @classmethod
-    def from_run(cls, run: RunDirectory, config: Config, source_tokenizer, target_tokenizer,
-                 quantization: str, checkpoint: str, device: torch.device) -> "CTranslate2Engine":
+    def from_run(cls, path: Path, config: Config, source_tokenizer, target_tokenizer,
+                 quantization: str, checkpoint: str, device: str, threads: int = 0
+                 ) -> "CTranslate2Engine":
+        """The engine of an exported folder, or of a run (exported into
+        ``RUN/ctranslate2-QUANTIZATION`` on first use, which needs PyTorch)."""
         ctranslate2 = require_ctranslate2()
         if quantization not in QUANTIZATIONS:
             raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
-        supported = ctranslate2.get_supported_compute_types(device.type)
+        device = _device(device, ctranslate2)
+        supported = ctranslate2.get_supported_compute_types(device)
         if quantization not in supported:
-            raise UserError(f"CTranslate2 cannot run {quantization} on this {device.type}; it can run "
+            raise UserError(f"CTranslate2 cannot run {quantization} on this {device}; it can run "
                             f"{', '.join(sorted(supported))}")
-        folder = run.path if (run.path / "model.bin").is_file() else exported_folder(run.path, quantization)
+        if config.model.arch != "transformer":
+            raise UserError(f"{path} holds an RNN; CTranslate2 runs Transformers only (it has no RNN "
+                            "decoders): translate it with --engine torch")
+        folder = path if (path / "model.bin").is_file() else exported_folder(path, quantization)
         if not (folder / "model.bin").is_file():
-            with torch.device("meta"):
-                check_exportable(build_model(config.model, source_tokenizer.vocab_size,
-                                             target_tokenizer.vocab_size), run.path)
-            say(f"exporting {run.path} for CTranslate2 ({quantization}) into {folder}")
-            export_run(run.path, folder, quantization, checkpoint)
+            _export_on_first_use(path, folder, quantization, checkpoint)
         # Batches in parallel, one thread each: measured faster on 2 cores than two threads
         # per batch (docs/performance.md).
-        engine = ctranslate2.Translator(str(folder), device=device.type, compute_type=quantization,
-                                        inter_threads=torch.get_num_threads(), intra_threads=1)
-        return cls(engine, config, source_tokenizer, target_tokenizer, quantization)
+        engine = ctranslate2.Translator(str(folder), device=device, compute_type=quantization,
+                                        inter_threads=threads or cpu_cores(), intra_threads=1)
+        return cls(engine, config, source_tokenizer, target_tokenizer, quantization,
+                   _export_info(folder).get("parameters"))
 
     def num_parameters(self) -> int:
         return self.parameters
@@ -111,7 +135,8 @@ class CTranslate2Engine:
         alpha = options.alpha if options.beam > 1 else 0.0
         attention = None
         if options.need_attention:
-            attention = _full_attention(torch.tensor(result.attention[k]), len(tokens), source_length)
+            attention = _full_attention(np.asarray(result.attention[k], dtype=np.float32),
+                                        len(tokens), source_length)
         return Hypothesis(tokens, score, score * (len(tokens) + 1) ** alpha, attention)
 
 
@@ -119,12 +144,42 @@ def exported_folder(run: Path, quantization: str) -> Path:
     return Path(run) / f"ctranslate2-{quantization}"
 
 
-def _full_attention(rows: torch.Tensor, tokens: int, source_length: int) -> torch.Tensor:
+def _device(device: str, ctranslate2) -> str:
+    if device not in ("cpu", "cuda", "auto"):
+        raise UserError(f"device must be one of cpu, cuda, auto; got {device!r}")
+    gpus = ctranslate2.get_cuda_device_count()
+    if device == "cuda" and not gpus:
+        raise UserError("device: cuda requested but no CUDA device is available")
+    return "cuda" if device == "auto" and gpus else "cpu" if device == "auto" else device
+
+
+def _export_on_first_use(run: Path, folder: Path, quantization: str, checkpoint: str) -> None:
+    try:
+        from attnmt.export import export_run
+    except ImportError:
+        raise UserError(f"{run} is a training run, and exporting it for CTranslate2 needs PyTorch; "
+                        f"export it where attnmt trains (attnmt export {run} OUT) and translate "
+                        "OUT here") from None
+    from attnmt.run import say
+
+    say(f"exporting {run} for CTranslate2 ({quantization}) into {folder}")
+    export_run(run, folder, quantization, checkpoint)
+
+
+def _export_info(folder: Path) -> dict:
+    """``export.json`` of an export (absent from exports made before it existed: {})."""
+    try:
+        return json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _full_attention(rows: np.ndarray, tokens: int, source_length: int) -> np.ndarray:
     """The engine's ``(T, S)`` rows (no EOS step, no EOS column) as ``(T+1, 1, 1, S+1)``:
     the EOS column holds what the row leaves (rows sum to 1), the EOS step is zeros."""
-    full = torch.zeros(tokens + 1, source_length + 1)
+    full = np.zeros((tokens + 1, source_length + 1), dtype=np.float32)
     if tokens:
         rows = rows.reshape(tokens, source_length)
         full[:tokens, :source_length] = rows
-        full[:tokens, source_length] = (1.0 - rows.sum(dim=1)).clamp_min(0.0)
+        full[:tokens, source_length] = np.clip(1.0 - rows.sum(axis=1), 0.0, None)
     return full[:, None, None, :]

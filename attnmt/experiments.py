@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from attnmt.config import ModelConfig, config_from_dict
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID
-from attnmt.data.batching import pad, source_tensor
+from attnmt.data.tensors import pad, source_tensor
 from attnmt.data.datasets import load_split
 from attnmt.errors import UserError
 from attnmt.evaluate import bleu_by_length, corpus_bleu
@@ -346,7 +346,7 @@ def head_entropies(translator: Translator, sources: list[str]) -> list[float]:
         attention = translation.best.attention                      # (T, layers, heads, S)
         if attention is None:
             continue
-        last = attention[:, -1]                                     # (T, heads, S)
+        last = torch.from_numpy(attention[:, -1])                   # (T, heads, S)
         entropy = -(last * last.clamp_min(1e-30).log()).sum(-1)     # (T, heads)
         totals = entropy.sum(0) if totals is None else totals + entropy.sum(0)
         count += entropy.size(0)

@@ -15,32 +15,23 @@ CTranslate2 is a C++ inference engine for Transformers (optional: ``pip install 
 * LayerNorm epsilon 1e-5 (PyTorch's default), and the scores unscaled when the model
   was trained with ``model.scale_attention: false``.
 
-The exported folder also holds the run's ``config.yaml`` and tokenizer files, so it
-translates on its own: ``attnmt translate OUT --engine ctranslate2``.
+The exported folder also holds the run's ``config.yaml``, its tokenizer files and
+``export.json`` (the model's description and size), so it translates on its own, even
+where PyTorch is not installed: ``attnmt translate OUT``.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import torch
 
+from attnmt.ctranslate2_engine import EXPORT_INFO, QUANTIZATIONS, require_ctranslate2
 from attnmt.errors import UserError
 from attnmt.model import Seq2Seq
 from attnmt.run import RunDirectory
-
-QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float32")
-
-
-def require_ctranslate2():
-    """The ``ctranslate2`` module, or a one-line error naming the extra that installs it."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError("CTranslate2 is not installed; install the extra: "
-                        "pip install -e \".[ct2]\" (or pip install ctranslate2)") from None
-    return ctranslate2
 
 
 def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
@@ -61,6 +52,9 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
     converter.convert(str(temporary), quantization=quantization, force=True)
     for name in ["config.yaml", *_tokenizer_files(Path(run_dir))]:   # a folder that translates
         shutil.copy(Path(run_dir) / name, temporary / name)
+    info = {"description": model.description, "parameters": model.num_parameters(),
+            "quantization": quantization}
+    (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)
     temporary.rename(out)

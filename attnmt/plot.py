@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+import numpy as np
 from matplotlib.figure import Figure
 
 from attnmt.errors import UserError
@@ -20,9 +20,9 @@ from attnmt.translator import Translation, Translator
 EOS_LABEL = "</s>"
 
 
-def draw_matrix(axes, weights: torch.Tensor, columns: list[str], rows: list[str], title: str = ""):
+def draw_matrix(axes, weights: np.ndarray, columns: list[str], rows: list[str], title: str = ""):
     """One heatmap: ``weights (len(rows), len(columns))``, values in [0, 1]."""
-    axes.imshow(weights.float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    axes.imshow(np.asarray(weights, dtype=np.float32), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     axes.set_xticks(range(len(columns)), columns, rotation=90, fontsize=8)
     axes.set_yticks(range(len(rows)), rows, fontsize=8)
     if title:
@@ -36,10 +36,10 @@ def cross_attention_figure(translation: Translation) -> Figure:
         raise UserError("this model has no attention to draw (decoder: none)")
     columns = translation.source_tokens + [EOS_LABEL]
     rows = hypothesis.tokens + [EOS_LABEL]
-    return _grid(hypothesis.attention.permute(1, 2, 0, 3), columns, rows, "cross-attention")
+    return _grid(hypothesis.attention.transpose(1, 2, 0, 3), columns, rows, "cross-attention")
 
 
-def _grid(weights: torch.Tensor, columns: list[str], rows: list[str], name: str) -> Figure:
+def _grid(weights: np.ndarray, columns: list[str], rows: list[str], name: str) -> Figure:
     """``weights (layers, heads, rows, columns)`` -> one heatmap per layer and head, with the
     head average as a last column when there are several heads."""
     layers, heads = weights.shape[:2]
@@ -49,7 +49,7 @@ def _grid(weights: torch.Tensor, columns: list[str], rows: list[str], name: str)
     grid = figure.subplots(layers, panels, squeeze=False)
     for layer in range(layers):
         for head in range(panels):
-            matrix = weights[layer, head] if head < heads else weights[layer].mean(dim=0)
+            matrix = weights[layer, head] if head < heads else weights[layer].mean(axis=0)
             label = f"head {head + 1}" if head < heads else "average"
             title = name if layers == heads == 1 else f"{name} layer {layer + 1}, {label}"
             draw_matrix(grid[layer][head], matrix, columns, rows, title)
@@ -73,11 +73,13 @@ def save(figure: Figure, path: str | Path) -> Path:
 
 
 def plot_sentence(translator: Translator, text: str, output: str | Path, beam: int | None = None,
-                  self_attention: bool = False) -> list[Path]:
-    """Translate ``text`` and write its heatmap(s); returns the PNG paths."""
-    if not text.strip():
+                  self_attention: bool = False, target_lang: str | None = None) -> list[Path]:
+    """Translate ``text`` (into ``target_lang`` for a one-to-many model) and write its
+    heatmap(s); returns the PNG paths."""
+    if not translator.source_tokenizer.normalize(text):
         raise UserError("nothing to plot: the sentence is empty")
-    translation = translator.translate([text], beam=beam, need_attention=True)[0]
+    translation = translator.translate([text], beam=beam, need_attention=True,
+                                       target_lang=target_lang)[0]
     paths = [save(cross_attention_figure(translation), output)]
     if self_attention:
         encoder, decoder = self_attention_figures(translator, translation)

@@ -6,6 +6,9 @@ A run directory holds everything a run needs to continue or to translate:
 ``trainer_state.pt`` (optimizer, step, data position, RNG, weight average),
 ``log.csv``, and with subword sampling ``subwords/epoch_N.npz`` (the segmentation of
 the epochs since the last checkpoint). Every other module reaches these files through :class:`RunDirectory`.
+
+Translating with CTranslate2 reads run directories without PyTorch, so what needs it
+(building a model, preparing training data) is imported inside the functions that do so.
 """
 
 from __future__ import annotations
@@ -14,18 +17,19 @@ import csv
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from attnmt.checkpoint import load_weights
 from attnmt.config import Config, load_config, save_config
-from attnmt.data.binarized import BinarizedSplit, is_prepared, prepare
-from attnmt.data.datasets import TokenizedSplit, load_split, tokenize_split
 from attnmt.data.tokenizers import (TOKENIZER_FILE, Tokenizer, load_tokenizers, save_tokenizers,
                                     train_tokenizers)
-from attnmt.distributed import Cluster, barrier
 from attnmt.errors import UserError
-from attnmt.model import build_model
+
+if TYPE_CHECKING:                        # annotations only: these modules need PyTorch
+    from attnmt.data.binarized import BinarizedSplit
+    from attnmt.data.datasets import TokenizedSplit
+    from attnmt.distributed import Cluster
 
 # The columns of log.csv: training rows every ``train.log_every`` updates, validation
 # columns at each validation (``ema_*`` with ``train.ema_decay``). ``progress`` is the
@@ -70,6 +74,9 @@ class RunDirectory:
     def load_model(self, checkpoint: str = "best"):
         """``(config, source tokenizer, target tokenizer, model)`` with the weights of
         ``checkpoint`` (see :meth:`weights`), on the CPU."""
+        from attnmt.checkpoint import load_weights
+        from attnmt.model import build_model
+
         if not self.config.is_file():
             raise UserError(f"{self.path} is not an attnmt run directory (no config.yaml)")
         config = load_config(self.config)
@@ -132,6 +139,8 @@ def default_run_dir(config_path: str | Path) -> Path:
 
 def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> dict:
     """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
+    from attnmt.data.binarized import prepare
+
     config = load_config(config_path, overrides)
     path = Path(run_dir or default_run_dir(config_path))
     refuse_subword_sampling(config, path)
@@ -168,12 +177,17 @@ class TrainingData:
     valid: TokenizedSplit
 
 
-def prepare_data(config: Config, run: RunDirectory, cluster: Cluster = Cluster()) -> TrainingData:
+def prepare_data(config: Config, run: RunDirectory, cluster: Cluster | None = None) -> TrainingData:
     """Tokenizers (trained once by rank 0, then loaded from the run directory) and splits.
 
     After ``attnmt prepare`` the training split is read from its memory-mapped files;
     otherwise it is read and tokenized in memory.
     """
+    from attnmt.data.binarized import BinarizedSplit, is_prepared
+    from attnmt.data.datasets import load_split, tokenize_split
+    from attnmt.distributed import Cluster, barrier
+
+    cluster = cluster or Cluster()
     if is_prepared(run.path):
         refuse_subword_sampling(config, run.path)
         source_tokenizer, target_tokenizer = load_tokenizers(run.path)

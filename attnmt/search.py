@@ -15,15 +15,7 @@ import numpy as np
 import torch
 
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID
-from attnmt.errors import UserError
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]                       # output ids, without BOS and EOS
-    score: float                            # search score (log-probability, length-normalised in beam)
-    log_prob: float                         # sum of token log-probabilities, EOS included
-    attention: torch.Tensor | None = None   # (T, layers, heads, S), EOS included
+from attnmt.decoding import Hypothesis, Sampling
 
 
 def max_output_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
@@ -43,27 +35,6 @@ def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: f
     """
     return _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
                      lambda log_probs, rows, step: log_probs.argmax(dim=-1))
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How :func:`sample_search` draws each token: the model's distribution with its
-    log-probabilities divided by ``temperature``, cut to the ``top_k`` most likely tokens
-    (0: all) and to the smallest set whose mass reaches ``top_p`` (1: all), renormalised."""
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if not 0.0 < self.temperature < float("inf"):
-            raise UserError(f"temperature must be positive, got {self.temperature}")
-        if self.top_k < 0:
-            raise UserError(f"top-k must be >= 0 (0: all tokens), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"top-p must be in (0, 1], got {self.top_p}")
-        if self.seed < 0:
-            raise UserError(f"seed must be >= 0, got {self.seed}")
 
 
 def sampling_distribution(log_probs: torch.Tensor, sampling: Sampling) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """``attnmt serve RUN``: an HTTP API and a web page that shows what the model attends to.
 
 * ``POST /translate`` ``{"text": ...}`` or ``{"texts": [...]}`` with optional ``beam``,
-  ``n_best``, ``alpha``, ``sample``, ``attention`` and ``self_attention``;
+  ``n_best``, ``alpha``, ``sample``, ``attention``, ``self_attention`` and ``target_lang``;
 * ``GET /health``, ``GET /info`` (what a client needs: languages, size, what the model
   can show), ``GET /openapi.json``;
 * ``GET /``: the attention viewer (one HTML page, no outside assets).
@@ -24,13 +24,14 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from attnmt.errors import UserError
-from attnmt.search import Sampling
+from attnmt.decoding import Sampling
 from attnmt.translator import Translation, Translator
 
 logger = logging.getLogger("attnmt.serve")
@@ -74,6 +75,7 @@ class TranslateRequest(BaseModel):
     sample: SampleRequest | None = None
     attention: bool = False
     self_attention: bool = False
+    target_lang: str | None = Field(None, max_length=16)
 
     @field_validator("text")
     @classmethod
@@ -146,6 +148,7 @@ class Options:
     alpha: float | None
     attention: bool
     sampling: Sampling | None = None
+    target_lang: str | None = None
 
 
 @dataclass
@@ -156,19 +159,20 @@ class _Pending:
 
 
 class MicroBatcher:
-    """Collects concurrent requests for ``wait_ms`` and translates them as one batch."""
+    """Collects concurrent requests for ``wait_ms`` and translates them as one batch;
+    ``workers`` batches are decoded at once (each in a thread of ``executor``)."""
 
     def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
-                 wait_ms: float, max_texts: int):
+                 wait_ms: float, max_texts: int, workers: int = 1):
         self.translator, self.executor = translator, executor
-        self.wait, self.max_texts = wait_ms / 1000, max_texts
+        self.wait, self.max_texts, self.count = wait_ms / 1000, max_texts, workers
         self.queue: asyncio.Queue[_Pending] | None = None
-        self.worker: asyncio.Task | None = None
+        self.workers: list[asyncio.Task] = []
 
     async def translate(self, texts: list[str], options: Options) -> list[Translation]:
         if self.queue is None:
             self.queue = asyncio.Queue()
-            self.worker = asyncio.create_task(self._work())
+            self.workers = [asyncio.create_task(self._work()) for _ in range(self.count)]
         future = asyncio.get_running_loop().create_future()
         await self.queue.put(_Pending(texts, options, future))
         return await future
@@ -208,18 +212,18 @@ async def run_translation(translator: Translator, executor, texts: list[str], op
     return await asyncio.get_running_loop().run_in_executor(
         executor, lambda: translator.translate(texts, options.beam, options.n_best, options.alpha,
                                                need_attention=options.attention,
-                                               sampling=options.sampling))
+                                               sampling=options.sampling,
+                                               target_lang=options.target_lang))
 
 
-def nested_lists(weights) -> list:
-    """``(layers, heads, rows, columns)`` tensor -> nested lists rounded to 4 decimals."""
-    return [[[[round(float(x), 4) for x in row] for row in head] for head in layer]
-            for layer in weights]
+def nested_lists(weights: np.ndarray) -> list:
+    """``(layers, heads, rows, columns)`` array -> nested lists rounded to 4 decimals."""
+    return np.round(np.asarray(weights, dtype=np.float64), 4).tolist()
 
 
-def attention_grid(weights) -> list:
+def attention_grid(weights: np.ndarray) -> list:
     """Cross-attention ``(T, layers, heads, S)`` as ``[layer][head][target][source]``."""
-    return nested_lists(weights.permute(1, 2, 0, 3))
+    return nested_lists(weights.transpose(1, 2, 0, 3))
 
 
 def _number(value: float) -> float | None:
@@ -247,7 +251,8 @@ def model_info(translator: Translator, limits: Limits) -> dict:
     engine, config = translator.engine, translator.config
     layers, heads = engine.attention_grid or (0, 0)
     return {"model": engine.description, "engine": engine.name, "src_lang": config.data.src_lang,
-            "tgt_lang": config.data.tgt_lang, "parameters": engine.num_parameters(),
+            "tgt_lang": config.data.tgt_lang, "target_langs": list(config.data.target_langs),
+            "parameters": engine.num_parameters(),
             "has_attention": engine.attention_grid is not None, "layers": layers, "heads": heads,
             "has_self_attention": engine.has_self_attention,
             "max_source_tokens": engine.max_source_tokens, "default_beam": config.decode.beam,
@@ -301,13 +306,17 @@ class BodyLimit:
 
 
 def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: bool = True,
-               wait_ms: float = 5.0) -> FastAPI:
+               wait_ms: float = 5.0, workers: int = 1) -> FastAPI:
+    """The API over ``translator``. ``workers``: batches decoded at once; more than one only
+    pays on an engine that runs them in parallel (CTranslate2, whose threads each take a
+    batch), where the default of :func:`default_workers` is one per engine thread."""
     # No /docs or /redoc: their pages load scripts from the internet (blank offline).
     app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer",
                   docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)      # one model, one worker
-    batcher = MicroBatcher(translator, executor, wait_ms, limits.max_texts) if micro_batch else None
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    batcher = MicroBatcher(translator, executor, wait_ms, limits.max_texts, workers) \
+        if micro_batch else None
     default_beam = min(translator.config.decode.beam, limits.max_beam)
     info = model_info(translator, limits)
     waiting = {"work": 0}                          # accepted and not yet answered
@@ -338,8 +347,13 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
             if request.self_attention and not info["has_self_attention"]:
                 raise LimitError(422, "self_attention: this model has no self-attention")
             sampling = None if request.sample is None else Sampling(**request.sample.model_dump())
+            try:
+                translator.source_tag(request.target_lang)
+            except UserError as error:
+                raise LimitError(422, f"target_lang: {error}") from None
             options = Options(request.beam or default_beam, request.n_best, request.alpha,
-                              request.attention or request.self_attention, sampling)
+                              request.attention or request.self_attention, sampling,
+                              request.target_lang)
             work = request_work(translator, texts, request.n_best if sampling else options.beam,
                                 limits)
             if waiting["work"] + work > limits.max_queue_work:
@@ -377,9 +391,15 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
     return app
 
 
+def default_workers(translator: Translator) -> int:
+    """One worker for the PyTorch engine (its threads share each batch); for CTranslate2, as
+    many as the engine has threads, each decoding a batch of its own."""
+    return translator.engine.parallel_batches
+
+
 def serve(translator: Translator, host: str, port: int, limits: Limits, micro_batch: bool,
-          wait_ms: float) -> None:
+          wait_ms: float, workers: int = 0) -> None:
     import uvicorn
 
-    app = create_app(translator, limits, micro_batch, wait_ms)
+    app = create_app(translator, limits, micro_batch, wait_ms, workers or default_workers(translator))
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -23,7 +23,8 @@ from attnmt.averaging import ExponentialMovingAverage
 from attnmt.checkpoint import average_into, load_state, load_weights, save_state, save_weights
 from attnmt.config import Config, load_config, save_config
 from attnmt.data import PAD_ID
-from attnmt.data.batching import source_batches, source_tensor, token_batches
+from attnmt.data.batching import source_batches, token_batches
+from attnmt.data.tensors import source_tensor
 from attnmt.data.datasets import (TokenizedSplit, load_segmentation, resample_subwords,
                                   save_segmentation)
 from attnmt.distributed import (Cluster, all_reduce_sum, barrier, broadcast_object, gather_objects,

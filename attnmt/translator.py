@@ -1,4 +1,4 @@
-"""``Translator``: load a run directory and translate raw text.
+"""``Translator``: load a run directory (or several, as an ensemble) and translate raw text.
 
 The one path that the command line, plots, experiments and the server share::
 
@@ -6,27 +6,27 @@ The one path that the command line, plots, experiments and the server share::
     for translation in translator.translate(["Ein Hund läuft."], beam=5, n_best=2):
         print(translation.best.text, translation.best.score)
 
-Loading a model changes nothing in the process (threads, allocator): the commands
-choose those with :func:`attnmt.process.configure`.
+This module does not need PyTorch: the PyTorch engine (:mod:`attnmt.torch_engine`) is
+imported only when a run is loaded with it, so a folder exported for CTranslate2
+translates where PyTorch is not installed. Attention comes as NumPy arrays from both
+engines. Loading a model changes nothing in the process (threads, allocator): the
+commands choose those with :func:`attnmt.process.configure`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from attnmt.config import Config, load_config
-from attnmt.data import BOS_ID
-from attnmt.data.batching import source_batches, source_tensor
+from attnmt.data.batching import source_batches
 from attnmt.data.tokenizers import load_tokenizers
+from attnmt.decoding import Hypothesis, Sampling, SearchOptions
 from attnmt.errors import UserError
-from attnmt.model import Seq2Seq
-from attnmt.process import resolve_device, resolve_precision
-from attnmt.run import RunDirectory
-from attnmt.search import Hypothesis, Sampling, beam_search, greedy_search, sample_search
+
+ENGINES = ("auto", "torch", "ctranslate2")
 
 
 @dataclass
@@ -36,78 +36,31 @@ class TranslatedHypothesis:
     log_prob: float
     tokens: list[str]                 # output pieces, without EOS
     ids: list[int]
-    attention: torch.Tensor | None    # (output tokens + EOS, layers, heads, source tokens + EOS)
+    attention: np.ndarray | None      # (output tokens + EOS, layers, heads, source tokens + EOS)
 
 
 @dataclass
 class Translation:
     source: str
-    source_tokens: list[str]          # source pieces, without EOS
+    source_tokens: list[str]          # source pieces as the model read them, without EOS
     hypotheses: list[TranslatedHypothesis]
+    tag_tokens: int = 0               # leading source pieces that are tags (<2de>), not the text
+    source_ids: list[int] = field(default_factory=list)   # the ids of source_tokens
 
     @property
     def best(self) -> TranslatedHypothesis:
         return self.hypotheses[0]
 
 
-@dataclass(frozen=True)
-class SearchOptions:
-    beam: int
-    alpha: float
-    n_best: int
-    max_len_a: float
-    max_len_b: int
-    min_len: int
-    need_attention: bool
-    sampling: Sampling | None = None
-
-
-class TorchEngine:
-    """attnmt's own model and search (greedy, beam, sampling) in PyTorch."""
-    name = "torch"
-
-    def __init__(self, model: Seq2Seq, autocast_dtype: torch.dtype | None = None):
-        self.model = model.eval()
-        self.device = next(model.parameters()).device
-        self.autocast_dtype = autocast_dtype
-        self.description, self.attention_grid = model.description, model.attention_grid
-        self.has_self_attention = model.has_self_attention
-        self.max_source_tokens = model.max_source_tokens
-
-    def num_parameters(self) -> int:
-        return self.model.num_parameters()
-
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
-    def search(self, sources: list[list[int]], options: SearchOptions) -> list[list[Hypothesis]]:
-        """``options.n_best`` hypotheses for each (non-empty) source of token ids."""
-        src, src_mask = (tensor.to(self.device) for tensor in source_tensor(sources))
-        lengths = (options.max_len_a, options.max_len_b, options.min_len)
-        with torch.inference_mode(), self._autocast():
-            if options.sampling is not None:
-                return sample_search(self.model, src, src_mask, options.sampling, options.n_best,
-                                     *lengths, options.need_attention)
-            if options.beam == 1:
-                return [[h] for h in greedy_search(self.model, src, src_mask, *lengths,
-                                                   options.need_attention)]
-            return beam_search(self.model, src, src_mask, options.beam, options.alpha, *lengths,
-                               options.n_best, options.need_attention)
-
-    @torch.inference_mode()
-    def self_attention(self, source: list[int], target: list[int]):
-        src, src_mask = (tensor.to(self.device) for tensor in source_tensor([source]))
-        tgt_in = torch.tensor([[BOS_ID, *target]], device=self.device)
-        with self._autocast():
-            encoder, decoder = self.model.self_attention(src, src_mask, tgt_in)
-        return encoder.float().cpu(), decoder.float().cpu()
+def is_exported(path: str | Path) -> bool:
+    """Whether ``path`` is a folder written by ``attnmt export`` (a CTranslate2 model)."""
+    return (Path(path) / "model.bin").is_file()
 
 
 class Translator:
-    """Raw text in, detokenised hypotheses out, on either engine: tokenizing, checking
-    lengths, batching by source tokens and the empty-input rule are the same for both."""
+    """Raw text in, detokenised hypotheses out, on either engine: normalising, tagging,
+    tokenizing, checking lengths, batching by source tokens and the empty-input rule are
+    the same for both."""
 
     def __init__(self, engine, source_tokenizer, target_tokenizer, config: Config):
         self.engine = engine
@@ -115,53 +68,85 @@ class Translator:
         self.config = config
 
     @property
-    def model(self) -> Seq2Seq:
-        """The PyTorch model (the torch engine only)."""
-        if not isinstance(self.engine, TorchEngine):
+    def model(self):
+        """The PyTorch model (the torch engine only; an ensemble's combined model)."""
+        if self.engine.name != "torch":
             raise UserError(f"this needs the PyTorch model; load the run with --engine torch, "
                             f"not {self.engine.name}")
         return self.engine.model
 
     @classmethod
     def from_run(cls, path: str | Path, checkpoint: str = "best", precision: str = "fp32",
-                 device: str = "cpu", engine: str = "torch",
-                 quantization: str = "int8") -> "Translator":
-        """Load ``config.yaml``, the tokenizers and ``<checkpoint>.safetensors`` of a run.
+                 device: str = "cpu", engine: str = "auto", quantization: str = "int8",
+                 threads: int = 0) -> "Translator":
+        """Load ``config.yaml``, the tokenizers and the weights of a run (or an export).
 
         ``checkpoint`` is ``best`` (falls back to ``last``), ``last``, or a file path.
-        ``precision``: ``fp32``, ``bf16`` or ``auto`` (bf16 autocast where the hardware runs
-        it natively, see :func:`attnmt.process.resolve_precision`). ``device``: ``cpu``,
-        ``cuda`` or ``auto``. ``engine``: ``torch``, or ``ctranslate2`` with the
-        ``quantization`` of :mod:`attnmt.export` (exported into the run on first use).
+        ``precision``: ``fp32``, ``bf16`` or ``auto`` (the PyTorch engine: bf16 autocast
+        where the hardware runs it natively). ``device``: ``cpu``, ``cuda`` or ``auto``.
+        ``engine``: ``torch``, ``ctranslate2`` with the ``quantization`` of
+        :mod:`attnmt.export` (exported into the run on first use), or ``auto``:
+        CTranslate2 for a folder written by ``attnmt export``, else PyTorch. ``threads``:
+        CTranslate2's (0: every core); PyTorch's are the process's.
         """
-        run = RunDirectory(path)
-        if not run.config.is_file():
-            raise UserError(f"{run.path} is not an attnmt run directory (no config.yaml)")
-        target = resolve_device(device, setting="device")
+        return cls.from_runs([path], checkpoint, precision, device, engine, quantization, threads)
+
+    @classmethod
+    def from_runs(cls, paths: list[str | Path], checkpoint: str = "best", precision: str = "fp32",
+                  device: str = "cpu", engine: str = "auto", quantization: str = "int8",
+                  threads: int = 0) -> "Translator":
+        """:meth:`from_run` for one run; for several, their ensemble (PyTorch engine): at
+        every step of the search the runs' log-probabilities are averaged. The runs must
+        share their vocabularies and languages."""
+        if engine not in ENGINES:
+            raise UserError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
+        if not paths:
+            raise UserError("no run to translate with")
+        for path in paths:
+            if not (Path(path) / "config.yaml").is_file():
+                raise UserError(f"{path} is not an attnmt run directory (no config.yaml)")
+        if engine == "auto":
+            engine = "ctranslate2" if len(paths) == 1 and is_exported(paths[0]) else "torch"
+        config = load_config(Path(paths[0]) / "config.yaml")
+        source_tokenizer, target_tokenizer = load_tokenizers(Path(paths[0]))
         if engine == "ctranslate2":
+            if len(paths) > 1:
+                raise UserError("an ensemble of runs translates on the PyTorch engine only "
+                                "(--engine torch): CTranslate2 decodes one model")
             from attnmt.ctranslate2_engine import CTranslate2Engine
 
-            config = load_config(run.config)
-            source_tokenizer, target_tokenizer = load_tokenizers(run.path)
-            chosen = CTranslate2Engine.from_run(run, config, source_tokenizer, target_tokenizer,
-                                                quantization, checkpoint, target)
-        elif engine == "torch":
-            autocast_dtype = resolve_precision(precision, target, setting="precision")
-            config, source_tokenizer, target_tokenizer, model = run.load_model(checkpoint)
-            chosen = TorchEngine(model.to(target), autocast_dtype)
+            chosen = CTranslate2Engine.from_run(Path(paths[0]), config, source_tokenizer,
+                                                target_tokenizer, quantization, checkpoint, device,
+                                                threads)
         else:
-            raise UserError(f"engine must be torch or ctranslate2; got {engine!r}")
+            for path in paths[1:]:
+                check_compatible(paths[0], config, source_tokenizer, target_tokenizer, path)
+            from attnmt.torch_engine import TorchEngine
+
+            chosen = TorchEngine.from_runs(paths, checkpoint, precision, device)
         return cls(chosen, source_tokenizer, target_tokenizer, config)
+
+    def source_tag(self, target_lang: str | None) -> str:
+        """The tag that starts every source for ``target_lang`` ('' for a one-target run);
+        a language the run does not translate into is refused."""
+        data = self.config.data
+        lang = target_lang or data.tgt_lang
+        if lang not in data.target_langs:
+            raise UserError(f"target language {lang!r}: this model translates {data.src_lang} into "
+                            f"{', '.join(data.target_langs)} only")
+        return data.target_tag(lang)
 
     def translate(self, texts: list[str], beam: int | None = None, n_best: int = 1,
                   alpha: float | None = None, batch_tokens: int | None = None,
-                  need_attention: bool = False,
-                  sampling: Sampling | None = None) -> list[Translation]:
+                  need_attention: bool = False, sampling: Sampling | None = None,
+                  target_lang: str | None = None) -> list[Translation]:
         """Translate raw texts; results come in input order, ``n_best`` hypotheses each.
 
         With ``sampling``, the ``n_best`` hypotheses are samples (``beam`` is not used).
-        Empty (or whitespace-only) texts get one empty hypothesis. A text longer than the
-        model accepts raises :class:`UserError` naming it.
+        ``target_lang`` chooses the output language of a one-to-many model (default: its
+        ``data.tgt_lang``). Texts that are empty after normalisation (whitespace, control
+        characters) get one empty hypothesis. A text longer than the model accepts raises
+        :class:`UserError` naming it.
         """
         decode = self.config.decode
         beam = decode.beam if beam is None else beam
@@ -170,7 +155,10 @@ class Translator:
         options = SearchOptions(beam, decode.alpha if alpha is None else alpha, n_best,
                                 decode.max_len_a, decode.max_len_b, decode.min_len,
                                 need_attention, sampling)
-        sources = self.source_tokenizer.encode_batch(list(texts))
+        tag = self.source_tag(target_lang)
+        tagged = [f"{tag} {text}" if tag and self.source_tokenizer.normalize(text) else text
+                  for text in texts]
+        sources = self.source_tokenizer.encode_batch(tagged)
         limit = self.engine.max_source_tokens
         for number, ids in enumerate(sources, start=1):
             if limit is not None and len(ids) > limit:
@@ -184,18 +172,19 @@ class Translator:
             for index, hypotheses in zip(indices, self.engine.search([sources[i] for i in indices],
                                                                      options)):
                 results[index] = hypotheses
-        return [Translation(text, self.source_tokenizer.pieces(text) if sources[i] else [],
-                            [self._describe(h) for h in results[i]])
+        tag_tokens = len(self.source_tokenizer.pieces(tag)) if tag else 0
+        return [Translation(text, self.source_tokenizer.pieces(tagged[i]) if sources[i] else [],
+                            [self._describe(h) for h in results[i]],
+                            tag_tokens if sources[i] else 0, sources[i])
                 for i, text in enumerate(texts)]
 
-    def self_attention(self, translation: Translation) -> tuple[torch.Tensor, torch.Tensor]:
+    def self_attention(self, translation: Translation) -> tuple[np.ndarray, np.ndarray]:
         """Encoder ``(layers, heads, S+1, S+1)`` and decoder ``(layers, heads, T+1, T+1)``
         self-attention of a translation's best hypothesis, by a teacher-forced pass (source
         EOS and target BOS included); :class:`UserError` for models without it."""
         if not self.engine.has_self_attention:
             raise UserError(f"no self-attention to show: {self.engine.description}")
-        return self.engine.self_attention(self.source_tokenizer.encode(translation.source),
-                                          translation.best.ids)
+        return self.engine.self_attention(translation.source_ids, translation.best.ids)
 
     def _describe(self, hypothesis: Hypothesis) -> TranslatedHypothesis:
         tokenizer = self.target_tokenizer
@@ -205,15 +194,40 @@ class Translator:
                                     hypothesis.tokens, hypothesis.attention)
 
 
+def check_compatible(first: str | Path, config: Config, source_tokenizer, target_tokenizer,
+                     other: str | Path) -> None:
+    """An ensemble's runs must read and write the same pieces with the same ids, in the
+    same languages: one line naming the difference otherwise."""
+    other_config = load_config(Path(other) / "config.yaml")
+    mine, theirs = config.data, other_config.data
+    if (mine.src_lang, mine.target_langs) != (theirs.src_lang, theirs.target_langs):
+        raise UserError(f"cannot ensemble {first} ({mine.src_lang}->{','.join(mine.target_langs)}) "
+                        f"with {other} ({theirs.src_lang}->{','.join(theirs.target_langs)})")
+    for side, tokenizer, their_tokenizer in zip(("source", "target"),
+                                                (source_tokenizer, target_tokenizer),
+                                                load_tokenizers(Path(other))):
+        if vocabulary(tokenizer) != vocabulary(their_tokenizer):
+            raise UserError(f"cannot ensemble {first} with {other}: their {side} vocabularies "
+                            "differ (an ensemble averages the probabilities of the same pieces)")
+
+
+def vocabulary(tokenizer) -> tuple:
+    """The pieces in id order and the text normalisation: what makes two tokenizers equal."""
+    return (tokenizer.normalization,
+            tuple(tokenizer.id_to_piece(index) for index in range(tokenizer.vocab_size)))
+
+
 def hard_alignment(translation: Translation, hypothesis: TranslatedHypothesis, source_tokenizer,
                    target_tokenizer) -> list[tuple[int, int]]:
     """``(source word, target word)`` pairs: each output piece aligned to the source piece it
-    attends to most (last layer, heads averaged), pieces mapped to words."""
+    attends to most (last layer, heads averaged), pieces mapped to words. Tags are not words
+    of the source: they are never aligned and do not shift the numbering."""
     if hypothesis.attention is None or not hypothesis.tokens:
         return []
-    attention = hypothesis.attention[:len(hypothesis.tokens), -1].mean(dim=1)    # (T, S)
-    source_words = source_tokenizer.word_ids(translation.source_tokens)
+    attention = hypothesis.attention[:len(hypothesis.tokens), -1].mean(axis=1)    # (T, S)
+    skip = translation.tag_tokens
+    source_words = source_tokenizer.word_ids(translation.source_tokens[skip:])
     target_words = target_tokenizer.word_ids(hypothesis.tokens)
-    attention = attention[:, :len(source_words)]                  # not the source EOS
+    attention = attention[:, skip:skip + len(source_words)]       # not the tags, not the EOS
     return sorted({(source_words[int(row.argmax())], target_words[position])
                    for position, row in enumerate(attention)})

@@ -86,8 +86,7 @@ def test_cli_missing_input_file_is_one_line(tiny_runs, tmp_path):
     run = tiny_runs["transformer"]
     result = attnmt("translate", str(run), "-i", str(tmp_path / "absent.txt"))
     assert result.returncode == 1
-    assert result.stderr.decode().strip() == (f"attnmt: error: No such file or directory: "
-                                              f"{tmp_path / 'absent.txt'}")
+    assert result.stderr.decode().strip() == f"attnmt: error: file not found: {tmp_path / 'absent.txt'}"
 
 
 

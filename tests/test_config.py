@@ -80,7 +80,7 @@ def test_ffn_dropout_start_needs_a_transformer_ffn_dropout(tmp_path, overrides):
     (dict(extra_src_langs=("en",)), r"data.extra_src_langs must list languages other than src_lang "
                                     r"and tgt_lang, each once; got \['en'\]"),
     (dict(extra_src_langs=("fr", "fr")), r"each once; got \['fr', 'fr'\]"),
-    (dict(extra_src_langs=("fr",), dataset="files", train="pairs.tsv"), r"data.extra_src_langs needs one file per "
+    (dict(extra_src_langs=("fr",), dataset="files", train="pairs.tsv"), r"data.extra_src_langs and extra_tgt_langs need one file per "
                                                        r"language \(pairs.tsv holds one language pair\)"),
 ])
 def test_impossible_data_values(values, message):

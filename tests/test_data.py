@@ -8,7 +8,8 @@ import pytest
 
 from attnmt.config import DataConfig
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from attnmt.data.batching import make_batch, source_batches, token_batches
+from attnmt.data.batching import source_batches, token_batches
+from attnmt.data.tensors import make_batch
 from attnmt.data.corpus import ParallelCorpus, read_multi30k, read_parallel
 from attnmt.config import load_config
 from attnmt.data.datasets import (load_segmentation, load_split, resample_subwords,
@@ -299,6 +300,78 @@ def test_multi30k_french_pairs_join_german_training(multi30k_dir):
     assert train.source[:len(german)] == german.source
     assert train.source[len(german):][:50] == read_multi30k("train", "fr", "en", str(multi30k_dir)).source[:50]
     assert len(load_split(config, "valid")) == 1014
+
+
+def test_extra_target_languages_tag_every_source_with_its_language(tmp_path):
+    for split, lines in (("train", ["eins", "zwei"]), ("valid", ["drei"])):
+        write(tmp_path / f"{split}.de", lines)
+        write(tmp_path / f"{split}.en", [f"{line}-en" for line in lines])
+    write(tmp_path / "train.fr", ["un", "deux"])
+    config = DataConfig(dataset="files", train=str(tmp_path / "train"), valid=str(tmp_path / "valid"),
+                        extra_tgt_langs=("fr",))
+    train = load_split(config, "train")
+    assert train.source == ["<2en> eins", "<2en> zwei", "<2fr> eins", "<2fr> zwei"]
+    assert train.target == ["eins-en", "zwei-en", "un", "deux"]
+    assert load_split(config, "valid").source == ["<2en> drei"]
+    assert config.tags == ("<2en>", "<2fr>")
+
+
+def test_multi30k_czech_is_read(multi30k_dir):
+    corpus = read_multi30k("valid", "cs", "en", str(multi30k_dir))
+    assert len(corpus) == 1014 and corpus.source[0] and corpus.source[0] != corpus.target[0]
+
+
+def synthetic_files(tmp_path, real: int, synthetic: int):
+    write(tmp_path / "train.de", [f"echt {i}" for i in range(real)])
+    write(tmp_path / "train.en", [f"real {i}" for i in range(real)])
+    write(tmp_path / "bt.de", [f"synth {i}" for i in range(synthetic)])
+    write(tmp_path / "bt.en", [f"mono {i}" for i in range(synthetic)])
+    return dict(dataset="files", train=str(tmp_path / "train"), synthetic=(str(tmp_path / "bt"),))
+
+
+@pytest.mark.parametrize("real,synthetic,ratio,copies,kept", [
+    (10, 50, 1.0, 5, 50),      # real repeated to match the synthetic pairs
+    (10, 50, 2.0, 2, 40),      # ratio 2: two copies of the real pairs, 40 of the 50 synthetic
+    (10, 50, 0.5, 10, 50),
+    (10, 3, 1.0, 1, 3),        # fewer synthetic pairs than real: all of them, one copy
+    (10, 50, 10.0, 1, 50),
+])
+def test_synthetic_pairs_are_mixed_at_their_ratio_and_only_they_are_tagged(tmp_path, real, synthetic,
+                                                                             ratio, copies, kept):
+    config = DataConfig(**synthetic_files(tmp_path, real, synthetic), synthetic_ratio=ratio)
+    train = load_split(config, "train")
+    assert len(train) == real * copies + kept
+    assert train.source[:real * copies] == [f"echt {i}" for i in range(real)] * copies
+    mixed = list(zip(train.source[real * copies:], train.target[real * copies:]))
+    assert all(source.startswith("<bt> synth ") and target == f"mono {source.split()[-1]}"
+               for source, target in mixed)                    # pairs stay pairs
+    assert len(set(mixed)) == kept
+    assert load_split(config, "train").source == train.source   # the same subset every time
+    assert not any("<bt>" in text for text in train.source[:real * copies])
+
+
+def test_synthetic_tag_can_be_left_out_and_is_checked(tmp_path):
+    config = DataConfig(**synthetic_files(tmp_path, 2, 2), synthetic_tag="")
+    assert load_split(config, "train").source[2:] == ["synth 0", "synth 1"]
+    assert config.tags == ()
+    with pytest.raises(UserError, match="data.synthetic_tag must be one word"):
+        DataConfig(synthetic_tag="<b t>")
+    with pytest.raises(UserError, match="data.synthetic_ratio must be positive"):
+        DataConfig(synthetic_ratio=0)
+
+
+def test_synthetic_tag_reaches_the_model_only_in_training(tmp_path):
+    """The tag is one piece at the start of synthetic sources; the validation split and the
+    translator never add it."""
+    config = DataConfig(**synthetic_files(tmp_path, 20, 20), valid=str(tmp_path / "train"),
+                        vocab_size=40)
+    train = load_split(config, "train")
+    source, target = train_tokenizers(config, train.source, train.target)
+    tag_id = source.processor.piece_to_id("<bt>")
+    encoded = source.encode_batch(train.source)
+    assert all(ids[0] == tag_id for ids in encoded[20:])
+    assert not any(tag_id in ids for ids in encoded[:20])
+    assert not any(tag_id in ids for ids in source.encode_batch(load_split(config, "valid").source))
 
 
 def test_multi30k_from_local_folder(multi30k_dir):

@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-import torch
 
 from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
@@ -64,8 +64,15 @@ def test_n_best_empty_input_and_attention(exported):
     reference = torch_engine.translate(["dreihundertzwölf"], beam=1, need_attention=True)[0].best
     if reference.ids == c_engine.translate(["dreihundertzwölf"], beam=1)[0].best.ids:
         ours = c_engine.translate(["dreihundertzwölf"], beam=1, need_attention=True)[0].best.attention
-        expected = reference.attention[:-1, -1].mean(dim=1)          # last layer, heads averaged
-        torch.testing.assert_close(ours[:-1, 0, 0], expected, atol=1e-4, rtol=1e-4)
+        expected = reference.attention[:-1, -1].mean(axis=1)         # last layer, heads averaged
+        np.testing.assert_allclose(ours[:-1, 0, 0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_whitespace_and_control_characters_give_what_plain_text_gives(exported):
+    for translator in exported:
+        found = translator.translate(["   \t ", "\x00\x01", "\x00sieben\x1b", "sieben"], beam=3)
+        assert [t.best.text for t in found[:2]] == ["", ""]
+        assert found[2].best.ids == found[3].best.ids and found[2].source_tokens == found[3].source_tokens
 
 
 def test_length_limits_of_one_token_give_the_empty_output_in_a_mixed_batch(exported):

@@ -3,7 +3,7 @@ import torch
 
 from attnmt.config import ModelConfig
 from attnmt.data import PAD_ID
-from attnmt.data.batching import make_batch
+from attnmt.data.tensors import make_batch
 from attnmt.errors import UserError
 from attnmt.masks import padding_mask, target_mask
 from attnmt.model import build_model

@@ -22,7 +22,7 @@ SEARCH_ARCHS = ["transformer-post", "bahdanau-additive", "luong-general", "rnn-n
 def test_beam_of_one_equals_greedy_on_trained_models(tiny_runs, name):
     # Trained models end their outputs with EOS well before the length limit, so this runs
     # the EOS and early-stop paths, which untrained models (below) seldom reach.
-    from attnmt.data.batching import source_tensor
+    from attnmt.data.tensors import source_tensor
     from attnmt.data.numbers import numbers_corpus
     from attnmt.translator import Translator
 

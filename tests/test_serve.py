@@ -27,7 +27,7 @@ def test_health_and_info(client):
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/info").json()
     assert info == {"model": "Transformer, 1+1 layers, 2 heads", "engine": "torch", "src_lang": "de",
-                    "tgt_lang": "en", "parameters": info["parameters"], "has_attention": True,
+                    "tgt_lang": "en", "target_langs": ["en"], "parameters": info["parameters"], "has_attention": True,
                     "layers": 1, "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
                     "default_beam": 5, "limits": {"max_chars": 50, "max_texts": 3, "max_beam": 4,
                                                   "max_n_best": 3, "max_work": 4000}}
@@ -51,6 +51,26 @@ def test_translate_one_and_many(client):
     many = client.post("/translate", json={"texts": ["sieben", "", "acht"]}).json()
     assert [t["source"] for t in many["translations"]] == ["sieben", "", "acht"]
     assert many["translations"][1]["translation"] == ""
+
+
+def test_whitespace_and_control_characters_never_reach_the_model(client):
+    texts = ["   \n\t ", "\x00\x01", "\x00sieben\x1b", "sieben", "\u200bsieben\u00a0"]
+    data = [translation for start in (0, 3)       # the client's limit: three texts a request
+            for translation in client.post("/translate", json={"texts": texts[start:start + 3]})
+            .json()["translations"]]
+    assert [t["translation"] for t in data[:2]] == ["", ""]
+    assert [t["source_tokens"] for t in data[:2]] == [[], []]
+    assert data[2]["translation"] == data[3]["translation"] == data[4]["translation"] != ""
+    assert data[2]["source_tokens"] == data[3]["source_tokens"] == data[4]["source_tokens"]
+
+
+def test_target_lang_of_a_bilingual_model(client):
+    same = client.post("/translate", json={"text": "sieben", "target_lang": "en"})
+    assert same.status_code == 200
+    other = client.post("/translate", json={"text": "sieben", "target_lang": "fr"})
+    assert other.status_code == 422
+    assert other.json()["error"] == ("target_lang: target language 'fr': this model translates de "
+                                     "into en only")
 
 
 def test_attention_per_layer_and_head(client):
@@ -229,6 +249,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_server(python: str, run, port: int) -> subprocess.Popen:
+    """``attnmt serve RUN`` in a process of its own, once it answers /health."""
+    server = subprocess.Popen([python, "-m", "attnmt", "serve", str(run), "--port", str(port),
+                               "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return server
+        except OSError:
+            assert time.time() < deadline and server.poll() is None, server.stderr.read()
+            time.sleep(0.2)
+
+
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
@@ -244,9 +278,7 @@ def test_page_in_a_real_browser(tiny_runs, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "attnmt", "serve", str(tiny_runs["transformer"]),
-                               "--port", str(port), "--threads", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = start_server(sys.executable, tiny_runs["transformer"], port)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -256,14 +288,6 @@ def test_page_in_a_real_browser(tiny_runs, tmp_path):
         options.add_argument(flag)
     driver = None
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                assert time.time() < deadline and server.poll() is None, server.stderr.read()
-                time.sleep(0.2)
         driver = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
         driver.get(f"http://127.0.0.1:{port}/")
         wait = WebDriverWait(driver, 30)

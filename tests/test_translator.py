@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -64,8 +65,55 @@ def test_alignment_maps_pieces_to_words_over_several_words(run):
                                [0.0, 0.0, 0.0, 0.0, 1.0]])    # EOS step
     attention[:, 1, 0], attention[:, 1, 1] = last_layer, last_layer          # both heads
     attention[:, 0] = torch.eye(5)[[4, 3, 2, 1, 0]].unsqueeze(1)             # the first layer: ignored
-    hypothesis = TranslatedHypothesis("two dogs play", 0.0, 0.0, target_pieces, [5, 6, 7, 8], attention)
+    hypothesis = TranslatedHypothesis("two dogs play", 0.0, 0.0, target_pieces, [5, 6, 7, 8],
+                                      attention.numpy())
     translation = Translation("zwei hunde spielen", source_pieces, [hypothesis])
     pairs = hard_alignment(translation, hypothesis, translator.source_tokenizer,
                            translator.target_tokenizer)
     assert pairs == [(0, 0), (1, 1), (2, 2)]
+    # A target-language tag before the text is not a source word: the same attention with a
+    # tag column in front gives the same pairs.
+    tagged = np.concatenate([np.zeros_like(hypothesis.attention[..., :1]), hypothesis.attention], -1)
+    hypothesis.attention = tagged
+    translation = Translation("zwei hunde spielen", ["<2en>", *source_pieces], [hypothesis], 1)
+    assert hard_alignment(translation, hypothesis, translator.source_tokenizer,
+                          translator.target_tokenizer) == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_one_to_many_model_writes_the_language_its_tag_asks_for(tmp_path):
+    """A tiny model trained on German number words into English and French: the target
+    tag chooses the language of every output (scored against both languages' references)."""
+    from sacrebleu.metrics import CHRF
+
+    from attnmt.data.numbers import numbers_corpus
+    from attnmt.train import train
+
+    from conftest import TINY
+
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    run = train(tmp_path / "tiny.yaml", tmp_path / "run",
+                ["data.extra_tgt_langs=[fr]", "data.joint_vocab=true", "data.vocab_size=120",
+                 "train.max_steps=300", "train.validate_every=300"])
+    translator = Translator.from_run(run)
+    sizes = {"train": 600, "valid": 40, "test": 40}
+    references = {lang: numbers_corpus("test", "de", lang, 999, sizes, 1) for lang in ("en", "fr")}
+    sources = references["en"].source
+    chrf = CHRF()
+    for lang, other in (("en", "fr"), ("fr", "en")):
+        outputs = [t.best.text for t in translator.translate(sources, beam=2, target_lang=lang)]
+        own = chrf.corpus_score(outputs, [references[lang].target]).score
+        foreign = chrf.corpus_score(outputs, [references[other].target]).score
+        assert own > foreign + 20, (lang, own, foreign)
+    tagged = translator.translate(["sieben"], target_lang="fr", need_attention=True)[0]
+    assert tagged.source_tokens[0] == "<2fr>" and tagged.tag_tokens == 1
+    assert translator.translate(["sieben"])[0].source_tokens[0] == "<2en>"     # data.tgt_lang
+    with pytest.raises(UserError, match=r"^target language 'cs': this model translates de into "
+                                        r"en, fr only$"):
+        translator.translate(["sieben"], target_lang="cs")
+
+
+def test_a_bilingual_run_refuses_another_target_language(run):
+    translator = Translator.from_run(run)
+    assert translator.translate(["sieben"], target_lang="en")[0].source_tokens[0] != "<2en>"
+    with pytest.raises(UserError, match=r"^target language 'fr': this model translates de into en only$"):
+        translator.translate(["sieben"], target_lang="fr")

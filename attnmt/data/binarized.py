@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnmt.config import Config
-from attnmt.data.batching import Batch, make_batch
+from attnmt.data.tensors import Batch, make_batch
 from attnmt.data.corpus import iter_parallel
 from attnmt.data.datasets import drop_reason, load_split
 from attnmt.data.tokenizers import (TOKENIZER_FILE, load_tokenizers, save_tokenizers,
@@ -34,13 +34,22 @@ TOKENIZER_SAMPLE = 500_000          # pairs the tokenizers learn from (the corpu
 
 
 def iter_training_pairs(config: Config):
-    """``(source, target)`` training pairs, streamed for file corpora."""
-    if config.data.dataset == "files":
-        return itertools.chain.from_iterable(
-            iter_parallel(config.data.train, lang, config.data.tgt_lang)
-            for lang in (config.data.src_lang, *config.data.extra_src_langs))
-    corpus = load_split(config.data, "train")
+    """``(source, target)`` training pairs, sources tagged, streamed for file corpora."""
+    data = config.data
+    if data.synthetic:
+        raise UserError("data.synthetic mixes corpora in memory; train without 'attnmt prepare'")
+    if data.dataset == "files":
+        pairs = [(lang, data.tgt_lang) for lang in (data.src_lang, *data.extra_src_langs)]
+        pairs += [(data.src_lang, lang) for lang in data.extra_tgt_langs]
+        return itertools.chain.from_iterable(_tagged_pairs(data, *pair) for pair in pairs)
+    corpus = load_split(data, "train")
     return zip(corpus.source, corpus.target)
+
+
+def _tagged_pairs(data, src_lang: str, tgt_lang: str):
+    tag = data.target_tag(tgt_lang)
+    for source, target in iter_parallel(data.train, src_lang, tgt_lang):
+        yield (f"{tag} {source}" if tag else source), target
 
 
 def prepare(config: Config, run: Path, chunk_pairs: int = 20_000) -> dict:

@@ -3,47 +3,90 @@
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from attnmt.config import DataConfig
-from attnmt.data.batching import Batch, make_batch
+from attnmt.data.tensors import Batch, make_batch
 from attnmt.data.corpus import ParallelCorpus, read_multi30k, read_parallel
 from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
 
 
 def load_split(config: DataConfig, split: str) -> ParallelCorpus:
-    """Raw text of ``split`` (``train``, ``valid`` or ``test``) of the configured dataset.
+    """Raw text of ``split`` (``train``, ``valid`` or ``test``) of the configured dataset,
+    sources tagged as the model reads them (see :func:`tag_sources`).
 
-    The training split also holds the pairs of ``data.extra_src_langs`` (same targets'
-    language), after the ``src_lang`` pairs.
+    The training split also holds, after the ``src_lang`` pairs, the pairs of
+    ``data.extra_src_langs`` or ``data.extra_tgt_langs``, then the synthetic pairs of
+    ``data.synthetic`` mixed in by :func:`mix_synthetic`.
     """
-    corpus = _load_pairs(config, split, config.src_lang)
+    corpus = _load_pairs(config, split, config.src_lang, config.tgt_lang)
     if split != "train":
         return corpus
-    for lang in config.extra_src_langs:
-        extra = _load_pairs(config, split, lang)
-        corpus = ParallelCorpus(corpus.source + extra.source, corpus.target + extra.target,
-                                f"{corpus.name} + {extra.name} ({lang})")
-    return corpus
+    extra = [(lang, config.tgt_lang) for lang in config.extra_src_langs]
+    extra += [(config.src_lang, lang) for lang in config.extra_tgt_langs]
+    corpus = concatenate([corpus, *(_load_pairs(config, split, *pair) for pair in extra)])
+    if not config.synthetic:
+        return corpus
+    synthetic = concatenate([read_parallel(prefix, config.src_lang, config.tgt_lang)
+                             for prefix in config.synthetic])
+    synthetic = tag_sources(synthetic, [config.synthetic_tag, config.target_tag(config.tgt_lang)])
+    return mix_synthetic(corpus, synthetic, config.synthetic_ratio)
 
 
-def _load_pairs(config: DataConfig, split: str, src_lang: str) -> ParallelCorpus:
+def _load_pairs(config: DataConfig, split: str, src_lang: str, tgt_lang: str) -> ParallelCorpus:
     if config.dataset == "numbers":
         sizes = {"train": config.numbers_train, "valid": config.numbers_valid,
                  "test": config.numbers_test}
-        return numbers_corpus(split, src_lang, config.tgt_lang, config.numbers_max, sizes,
-                              config.numbers_seed)
-    if config.dataset == "multi30k":
-        return read_multi30k(split, src_lang, config.tgt_lang, config.dir)
-    prefix = getattr(config, split)
+        corpus = numbers_corpus(split, src_lang, tgt_lang, config.numbers_max, sizes,
+                                config.numbers_seed)
+    elif config.dataset == "multi30k":
+        corpus = read_multi30k(split, src_lang, tgt_lang, config.dir)
+    else:
+        prefix = getattr(config, split)
+        if not prefix:
+            raise UserError(f"data.{split} is not set: give the corpus prefix (e.g. corpus/{split} "
+                            f"for corpus/{split}.{config.src_lang} and corpus/{split}.{config.tgt_lang})")
+        corpus = read_parallel(prefix, src_lang, tgt_lang)
+    if (src_lang, tgt_lang) != (config.src_lang, config.tgt_lang):
+        corpus.name = f"{corpus.name} ({src_lang}-{tgt_lang})"
+    return tag_sources(corpus, [config.target_tag(tgt_lang)])
+
+
+def tag_sources(corpus: ParallelCorpus, tags: list[str]) -> ParallelCorpus:
+    """The corpus with ``tags`` (those not empty) and a space before every source."""
+    prefix = "".join(f"{tag} " for tag in tags if tag)
     if not prefix:
-        raise UserError(f"data.{split} is not set: give the corpus prefix (e.g. corpus/{split} "
-                        f"for corpus/{split}.{config.src_lang} and corpus/{split}.{config.tgt_lang})")
-    return read_parallel(prefix, src_lang, config.tgt_lang)
+        return corpus
+    return ParallelCorpus([prefix + text for text in corpus.source], corpus.target, corpus.name)
+
+
+def concatenate(corpora: list[ParallelCorpus]) -> ParallelCorpus:
+    if len(corpora) == 1:
+        return corpora[0]
+    return ParallelCorpus([text for corpus in corpora for text in corpus.source],
+                          [text for corpus in corpora for text in corpus.target],
+                          " + ".join(corpus.name for corpus in corpora))
+
+
+def mix_synthetic(real: ParallelCorpus, synthetic: ParallelCorpus, ratio: float) -> ParallelCorpus:
+    """Real pairs, repeated ``copies`` whole times, then ``ratio`` synthetic pairs per real one.
+
+    ``copies = max(1, round(len(synthetic) / (ratio * len(real))))``: the synthetic pairs fill
+    their share with the fewest real copies; when there are more than the share, a fixed
+    random subset of them (the same on every machine) is kept, in corpus order.
+    """
+    copies = max(1, round(len(synthetic) / (ratio * len(real))))
+    wanted = min(len(synthetic), round(ratio * copies * len(real)))
+    kept = sorted(random.Random(len(synthetic)).sample(range(len(synthetic)), wanted))
+    return ParallelCorpus(real.source * copies + [synthetic.source[i] for i in kept],
+                          real.target * copies + [synthetic.target[i] for i in kept],
+                          f"{real.name} x {copies} + {wanted} of {len(synthetic)} synthetic "
+                          f"({synthetic.name})")
 
 
 @dataclass

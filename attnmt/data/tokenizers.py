@@ -2,7 +2,9 @@
 
 Every tokenizer uses the fixed special ids of :mod:`attnmt.data` (pad 0, bos 1, eos 2,
 unk 3) and offers ``encode(text) -> ids``, ``decode(ids) -> text``, ``pieces(text)``
-and ``vocab_size``. ``encode`` adds no BOS/EOS; batching does that.
+and ``vocab_size``. ``encode`` adds no BOS/EOS; batching does that. Texts are
+normalised first (:mod:`attnmt.data.normalize`), in training and in translation alike.
+Tags (``<bt>``, ``<2de>``, see :class:`attnmt.config.DataConfig`) are pieces of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sentencepiece as spm
 
 from attnmt.config import DataConfig
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
+from attnmt.data.normalize import NORMALIZATIONS, normalize
 from attnmt.errors import UserError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -26,41 +29,73 @@ def content_ids(ids) -> list[int]:
     return [i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)]
 
 
+def split_tags(text: str, tags) -> tuple[list[str], str]:
+    """The tags that start ``text`` (each followed by a space), and the text after them."""
+    found = []
+    while tags:
+        head, space, rest = text.partition(" ")
+        if head not in tags:
+            break
+        found.append(head)
+        text = rest
+    return found, text
+
+
 class SentencePieceTokenizer:
-    def __init__(self, model_bytes: bytes):
-        self.model_bytes = model_bytes
+    """Tags are pieces of their own (user-defined symbols) that only ever start a text: they
+    are split off before SentencePiece sees it, so no word-start piece stands before them."""
+
+    def __init__(self, model_bytes: bytes, normalization: str = "nfkc", tags: tuple[str, ...] = ()):
+        self.model_bytes, self.normalization, self.tags = model_bytes, normalization, tuple(tags)
         self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
         self.vocab_size = self.processor.get_piece_size()
+        self.tag_ids = {tag: self.processor.piece_to_id(tag) for tag in self.tags}
 
     @classmethod
-    def train(cls, texts: list[str], vocab_size: int, model_type: str) -> "SentencePieceTokenizer":
+    def train(cls, texts: list[str], vocab_size: int, model_type: str,
+              tags: tuple[str, ...] = ()) -> "SentencePieceTokenizer":
         model = io.BytesIO()
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+            sentence_iterator=(normalize(split_tags(text, tags)[1]) for text in texts),
+            model_writer=model,
+            vocab_size=vocab_size, user_defined_symbols=list(tags),
             model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
             normalization_rule_name="identity", pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             unk_id=UNK_ID, pad_piece=SPECIAL_TOKENS[0], bos_piece=SPECIAL_TOKENS[1],
             eos_piece=SPECIAL_TOKENS[2], unk_piece=SPECIAL_TOKENS[3], input_sentence_size=2_000_000,
             shuffle_input_sentence=True, num_threads=2, minloglevel=2)
-        return cls(model.getvalue())
+        return cls(model.getvalue(), tags=tags)
+
+    def normalize(self, text: str) -> str:
+        return normalize(text, self.normalization)
+
+    def _parts(self, texts: list[str]) -> tuple[list[list[int]], list[str]]:
+        """Each text's tag ids and its normalised rest."""
+        split = [split_tags(text, self.tag_ids) for text in texts]
+        return ([[self.tag_ids[tag] for tag in tags] for tags, _ in split],
+                [self.normalize(rest) for _, rest in split])
 
     def encode(self, text: str) -> list[int]:
-        return self.processor.encode(text)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.processor.encode(texts)
+        tags, rests = self._parts(texts)
+        return [ids + encoded for ids, encoded in zip(tags, self.processor.encode(rests))]
 
     def sample_batch(self, texts: list[str], alpha: float, nbest: int) -> list[list[int]]:
         """One sampled segmentation per text (subword regularisation): unigram models sample
         from the ``nbest`` best (``-1``: all) with smoothing ``alpha``; BPE models drop
         merges with probability ``alpha`` (BPE-dropout)."""
-        return self.processor.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=nbest)
+        tags, rests = self._parts(texts)
+        sampled = self.processor.encode(rests, enable_sampling=True, alpha=alpha, nbest_size=nbest)
+        return [ids + encoded for ids, encoded in zip(tags, sampled)]
 
     def decode(self, ids: list[int]) -> str:
         return self.processor.decode(content_ids(ids))
 
     def pieces(self, text: str) -> list[str]:
-        return self.processor.encode(text, out_type=str)
+        tags, rest = split_tags(text, self.tag_ids)
+        return tags + self.processor.encode(self.normalize(rest), out_type=str)
 
     def id_to_piece(self, index: int) -> str:
         return self.processor.id_to_piece(index)
@@ -73,27 +108,29 @@ class SentencePieceTokenizer:
 class VocabularyTokenizer:
     """Characters (``kind='char'``) or whitespace-separated words (``kind='whitespace'``)."""
 
-    def __init__(self, kind: str, symbols: list[str]):
-        self.kind = kind
+    def __init__(self, kind: str, symbols: list[str], normalization: str = "nfkc"):
+        self.kind, self.normalization = kind, normalization
         self.symbols = list(SPECIAL_TOKENS) + [s for s in symbols if s not in SPECIAL_TOKENS]
         self.index = {symbol: i for i, symbol in enumerate(self.symbols)}
         self.vocab_size = len(self.symbols)
 
     @classmethod
-    def train(cls, texts: list[str], vocab_size: int, kind: str) -> "VocabularyTokenizer":
-        counts = Counter(symbol for text in texts for symbol in cls.split(kind, text))
-        frequent = sorted(counts, key=lambda symbol: (-counts[symbol], symbol))
-        return cls(kind, frequent[:max(0, vocab_size - len(SPECIAL_TOKENS))])
+    def train(cls, texts: list[str], vocab_size: int, kind: str,
+              tags: tuple[str, ...] = ()) -> "VocabularyTokenizer":
+        counts = Counter(symbol for text in texts for symbol in cls.split(kind, normalize(text)))
+        frequent = [symbol for symbol in sorted(counts, key=lambda symbol: (-counts[symbol], symbol))
+                    if symbol not in tags]
+        return cls(kind, [*tags, *frequent][:max(0, vocab_size - len(SPECIAL_TOKENS))])
 
     @staticmethod
     def split(kind: str, text: str) -> list[str]:
         return list(text) if kind == "char" else text.split()
 
     def pieces(self, text: str) -> list[str]:
-        return self.split(self.kind, text)
+        return self.split(self.kind, normalize(text, self.normalization))
 
     def encode(self, text: str) -> list[int]:
-        return [self.index.get(symbol, UNK_ID) for symbol in self.split(self.kind, text)]
+        return [self.index.get(symbol, UNK_ID) for symbol in self.pieces(text)]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
@@ -125,25 +162,26 @@ Tokenizer = SentencePieceTokenizer | VocabularyTokenizer
 
 def train_tokenizers(config: DataConfig, source: list[str], target: list[str]):
     """``(source tokenizer, target tokenizer)``; the same object twice for a joint vocabulary."""
-    def train(texts):
+    def train(texts, tags):
         if config.tokenizer == "sentencepiece":
-            return SentencePieceTokenizer.train(texts, config.vocab_size, config.sp_model)
-        return VocabularyTokenizer.train(texts, config.vocab_size, config.tokenizer)
+            return SentencePieceTokenizer.train(texts, config.vocab_size, config.sp_model, tags)
+        return VocabularyTokenizer.train(texts, config.vocab_size, config.tokenizer, tags)
 
     if config.joint_vocab:
-        joint = train(source + target)
+        joint = train(source + target, config.tags)
         return joint, joint
-    return train(source), train(target)
+    return train(source, config.tags), train(target, ())
 
 
 def save_tokenizers(folder: Path, source: Tokenizer, target: Tokenizer) -> None:
     """Write ``tokenizer.json`` (and SentencePiece models) into a run directory."""
-    description = {"joint": source is target}
+    description = {"joint": source is target, "normalization": source.normalization}
     for side, tokenizer in (("source", source), ("target", target)):
         if isinstance(tokenizer, SentencePieceTokenizer):
             model_name = "spm.joint.model" if source is target else f"spm.{side}.model"
             (folder / model_name).write_bytes(tokenizer.model_bytes)
-            description[side] = {"kind": "sentencepiece", "model": model_name}
+            description[side] = {"kind": "sentencepiece", "model": model_name,
+                                 "tags": list(tokenizer.tags)}
         else:
             description[side] = {"kind": tokenizer.kind, "symbols": tokenizer.symbols}
     (folder / TOKENIZER_FILE).write_text(json.dumps(description, ensure_ascii=False, indent=1),
@@ -155,7 +193,10 @@ def load_tokenizers(folder: Path):
     path = folder / TOKENIZER_FILE
     try:
         description = json.loads(path.read_text(encoding="utf-8"))
-        loaded = [_load_one(folder, description[side]) for side in ("source", "target")]
+        normalization = description.get("normalization", "controls")    # older runs: see normalize.py
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"unknown normalization {normalization!r}")
+        loaded = [_load_one(folder, description[side], normalization) for side in ("source", "target")]
     except FileNotFoundError as error:
         raise UserError(f"missing tokenizer file in run directory: {error.filename}") from None
     except (KeyError, TypeError, ValueError, RuntimeError, OSError) as error:
@@ -165,8 +206,9 @@ def load_tokenizers(folder: Path):
     return loaded[0], loaded[1]
 
 
-def _load_one(folder: Path, entry: dict) -> Tokenizer:
+def _load_one(folder: Path, entry: dict, normalization: str) -> Tokenizer:
     if entry["kind"] == "sentencepiece":
-        return SentencePieceTokenizer((folder / entry["model"]).read_bytes())
+        return SentencePieceTokenizer((folder / entry["model"]).read_bytes(), normalization,
+                                      tuple(entry.get("tags", ())))
     symbols = entry["symbols"][len(SPECIAL_TOKENS):]
-    return VocabularyTokenizer(entry["kind"], symbols)
+    return VocabularyTokenizer(entry["kind"], symbols, normalization)
