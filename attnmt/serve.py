@@ -372,7 +372,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
         except Exception:
             logger.exception("translation failed")
             return JSONResponse({"error": "internal error while translating"}, status_code=500)
-        return {"translations": described}
+        return JSONResponse({"translations": described})      # plain JSON: no re-encoding pass
 
     async def _translate(texts: list[str], options: Options, self_attention: bool) -> list[dict]:
         if batcher is not None:

@@ -16,7 +16,9 @@ Prints:
   the BLEU of the output;
 * ``attnmt serve EXPORT``: ``--requests`` requests of one short test sentence each (the
   quarter with the fewest words) from ``--clients`` concurrent clients, beam 5: failures,
-  requests/s, latency, and the server's resident memory after them.
+  requests/s, latency, and the server's resident memory after them; then, where Debian's
+  ``wrk`` is installed, the same requests for ``--seconds`` from a load generator written in
+  C (the Python one above spends much of the 2 cores itself).
 
 Run it with nothing else on the machine.
 """
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,6 +101,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=20, help="length of the wrk run")
     args = parser.parse_args()
     import yaml
     from sacrebleu.metrics import BLEU
@@ -144,13 +148,37 @@ def main() -> None:
         wait_until_up(url, server)
         result = asyncio.run(load(url, short, args.requests, args.clients, 5))
         now, peak = resident_mb(server.pid)
+        print(f"serve: {args.requests} requests from {args.clients} clients, beam 5, short "
+              f"sentences: {result['failed']} failed, {result['answered'] / result['seconds']:.1f} "
+              f"requests/s, p50 {result['p50']:.3f} s, p99 {result['p99']:.3f} s; resident "
+              f"{now:.0f} MB (peak {peak:.0f} MB)", flush=True)
+        if shutil.which("wrk"):
+            print(wrk_load(url, short, args.clients, args.seconds))
+            now, peak = resident_mb(server.pid)
+            print(f"resident after it: {now:.0f} MB (peak {peak:.0f} MB)")
     finally:
         server.terminate()
         server.wait(timeout=30)
-    print(f"serve: {args.requests} requests from {args.clients} clients, beam 5, short sentences: "
-          f"{result['failed']} failed, {result['answered'] / result['seconds']:.1f} requests/s, "
-          f"p50 {result['p50']:.3f} s, p99 {result['p99']:.3f} s; resident {now:.0f} MB "
-          f"(peak {peak:.0f} MB)")
+
+
+def wrk_load(url: str, texts: list[str], clients: int, seconds: int) -> str:
+    """Requests/s and latency of ``wrk`` posting the texts in turn (beam 5) for ``seconds``."""
+    bodies = ", ".join(f"[==[{json.dumps({'text': text, 'beam': 5})}]==]" for text in texts)
+    script = ("local bodies = {" + bodies + "}\nlocal count = 0\n"
+              "request = function()\n  count = count + 1\n"
+              "  return wrk.format('POST', '/translate', {['Content-Type'] = 'application/json'}, "
+              "bodies[count % #bodies + 1])\nend\n")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+    output = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--latency",
+                             "-s", handle.name, url], capture_output=True, text=True, check=True).stdout
+    os.unlink(handle.name)
+    lines = {line.split(":")[0].strip(): line for line in output.splitlines()}
+    errors = [line.strip() for line in output.splitlines() if "Non-2xx" in line or "Socket errors" in line]
+    latency = [line.split() for line in output.splitlines() if line.strip().startswith(("50%", "99%"))]
+    return (f"serve, wrk ({clients} connections, {seconds} s): {lines['Requests/sec'].split()[-1]} "
+            f"requests/s, p50 {latency[0][1]}, p99 {latency[1][1]}"
+            f"{'; ' + '; '.join(errors) if errors else ', no errors'}")
 
 
 if __name__ == "__main__":

@@ -50,3 +50,14 @@ def test_runs_from_before_normalisation_keep_their_encoding(tmp_path):
     assert old.normalization == "controls"
     assert old.pieces("ﬁsh") == tokenizer.processor.encode("ﬁsh", out_type=str)
     assert old.encode("ein\x00hund") == tokenizer.processor.encode("einhund")
+
+
+def test_batch_encoding_is_the_same_below_and_above_the_threaded_size():
+    from attnmt.data.tokenizers import BATCH_ENCODE_FROM
+
+    texts = ["ein hund rennt", "zwei\u00a0hunde rennen", "<2fr> drei katzen", "  "] * 30
+    tokenizer = SentencePieceTokenizer.train(texts, 40, "unigram", tags=("<2fr>",))
+    many = texts * (BATCH_ENCODE_FROM // len(texts) + 1)
+    assert len(many) >= BATCH_ENCODE_FROM > len(texts)
+    assert tokenizer.encode_batch(many) == [tokenizer.encode(text) for text in many]
+    assert tokenizer.encode_batch(texts) == tokenizer.encode_batch(many)[:len(texts)]
