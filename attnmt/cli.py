@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "'index ||| hypothesis ||| score'")
     translate.add_argument("--alignment", action="store_true",
                            help="append hard alignments (source word-target word pairs)")
+    translate.add_argument("--prefix", metavar="WORDS",
+                           help="every translation starts with these words; the model completes "
+                                "them (interactive translation)")
     add_sampling_options(translate, "draw each token from the model's distribution")
     translate.set_defaults(handler=run_translate)
 
@@ -124,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="HTTP API and a web page showing attention",
                                 description="Serve POST /translate, GET /health, GET /info and "
-                                            "the attention viewer at GET /.")
-    serve.add_argument("run", help="run directory made by 'attnmt train'")
+                                            "the attention viewer at GET /. Several runs are "
+                                            "served side by side; a request's 'model' names one.")
+    serve.add_argument("run", nargs="+", metavar="RUN",
+                       help="run directory or exported folder, as NAME=RUN to name it (default "
+                            "name: the folder's); the first is the default model")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-chars", type=int, default=1000, help="characters per text")
@@ -282,7 +288,7 @@ def run_translate(args) -> int:
     def translate(lines):
         return translator.translate(lines, beam, args.n_best, args.alpha, args.batch_tokens,
                                     need_attention=args.alignment, sampling=sampling,
-                                    target_lang=args.target_lang)
+                                    target_lang=args.target_lang, prefix=args.prefix)
 
     def write(first, lines, translations):
         output = []
@@ -389,13 +395,31 @@ def run_serve(args) -> int:
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
                     args.max_body_bytes, args.max_work, args.max_queue_work)
     args.beam, args.target_lang = None, None
-    translator = load_translator(args)
-    print(f"serving {args.run} on http://{args.host}:{args.port}/", file=sys.stderr)
+    translators = {}
+    for name, run in named_runs(args.run):
+        args.run = run
+        translators[name] = load_translator(args)
+    print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
-    serve(translator, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
+    serve(translators, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
           args.workers)
     return 0
+
+
+def named_runs(runs: list[str]) -> list[tuple[str, str]]:
+    """``NAME=RUN`` or ``RUN`` (named by its folder) -> ``(name, run)``; names are unique."""
+    named = []
+    for run in runs:
+        name, equals, path = run.partition("=")
+        if not equals or "/" in name or not name:
+            name, path = Path(run).name, run
+        named.append((name, path))
+    names = [name for name, _ in named]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UserError(f"two served models are named {repeated[0]!r}; name them with NAME=RUN")
+    return named
 
 
 def run_evaluate(args) -> int:

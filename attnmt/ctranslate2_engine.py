@@ -97,9 +97,12 @@ class CTranslate2Engine:
     def num_parameters(self) -> int:
         return self.parameters
 
-    def search(self, sources: list[list[int]], options) -> list[list[Hypothesis]]:
+    def search(self, sources: list[list[int]], options, prefixes: list[list[int]] | None = None,
+               traces: None = None) -> list[list[Hypothesis]]:
         """``options.n_best`` hypotheses per source, sentences of one length limit together
-        (the engine takes one maximum length per call)."""
+        (the engine takes one maximum length per call); ``prefixes``: the output tokens each
+        must start with (the engine's ``target_prefix``; its scores then count only the
+        tokens after them). It has no search steps to trace."""
         if options.sampling is not None:
             raise UserError("sampling runs on the PyTorch engine only (--engine torch): its "
                             "samples are repeatable per sentence, the C++ engine's are not")
@@ -110,6 +113,8 @@ class CTranslate2Engine:
         for limit, group in groupby(order, key=lambda i: limits[i]):
             group = list(group)
             pieces = [[self.source_tokenizer.id_to_piece(i) for i in sources[index]] for index in group]
+            forced = None if prefixes is None else \
+                [[self.target_tokenizer.id_to_piece(i) for i in prefixes[index]] for index in group]
             if limit == 1:                 # only EOS fits; the engine decodes at least a token
                 scores = self.engine.score_batch(pieces, [[]] * len(group), max_batch_size=BATCH_SENTENCES)
                 for index, scored in zip(group, scores):
@@ -121,7 +126,7 @@ class CTranslate2Engine:
                 beam_size=options.beam, num_hypotheses=options.n_best,
                 length_penalty=options.alpha if options.beam > 1 else 0.0,
                 max_decoding_length=limit - 1, min_decoding_length=min(options.min_len, limit - 1),
-                return_scores=True, return_attention=options.need_attention)
+                return_scores=True, return_attention=options.need_attention, target_prefix=forced)
             submitted += zip(group, pending)
         for index, pending in submitted:
             result = pending.result()

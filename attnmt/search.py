@@ -26,15 +26,16 @@ def max_output_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor
 
 @torch.no_grad()
 def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: float = 1.5,
-                  max_len_b: int = 10, min_len: int = 0,
-                  need_attention: bool = False) -> list[Hypothesis]:
+                  max_len_b: int = 10, min_len: int = 0, need_attention: bool = False,
+                  prefixes: list[list[int]] | None = None) -> list[Hypothesis]:
     """Argmax at each step, feeding the output back in. One hypothesis per source sentence.
 
     ``src (B, S)``, ``src_mask (B, 1, S)``. A sentence stops at EOS, which is forced at its
     maximum length (``max_len_a * source length + max_len_b`` tokens, EOS included).
+    ``prefixes``: per sentence, the output tokens it must start with (see :func:`force_prefix`).
     """
     return _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
-                     lambda log_probs, rows, step: log_probs.argmax(dim=-1))
+                     lambda log_probs, rows, step: log_probs.argmax(dim=-1), prefixes)
 
 
 def sampling_distribution(log_probs: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -53,7 +54,8 @@ def sampling_distribution(log_probs: torch.Tensor, sampling: Sampling) -> torch.
 @torch.no_grad()
 def sample_search(model, src: torch.Tensor, src_mask: torch.Tensor, sampling: Sampling = Sampling(),
                   samples: int = 1, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
-                  need_attention: bool = False) -> list[list[Hypothesis]]:
+                  need_attention: bool = False,
+                  prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """``samples`` outputs per source sentence, drawn token by token from
     :func:`sampling_distribution`; each sentence's list is sorted by log-probability.
 
@@ -76,7 +78,10 @@ def sample_search(model, src: torch.Tensor, src_mask: torch.Tensor, sampling: Sa
                                     right=True)      # the first token whose mass passes u
         return chosen.squeeze(1).clamp_max(probs.size(-1) - 1)
 
-    found = _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention, pick)
+    if prefixes is not None:
+        prefixes = [prefix for prefix in prefixes for _ in range(samples)]
+    found = _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention, pick,
+                      prefixes)
     return [sorted(found[i * samples:(i + 1) * samples], key=lambda h: -h.log_prob)
             for i in range(batch)]
 
@@ -88,7 +93,7 @@ def _generator(seed: int, source: list[int], number: int) -> np.random.Generator
 
 
 def _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
-              pick) -> list[Hypothesis]:
+              pick, prefixes=None) -> list[Hypothesis]:
     """Decode one output per row, choosing each token with ``pick(log_probs (N, V), original
     rows, step) -> (N,)``. Ended rows leave the batch once they are a quarter of it, not
     one by one: every batch size is a new matrix shape, and bf16 kernels are built per shape."""
@@ -103,7 +108,10 @@ def _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attentio
     state = None
     for step in range(int(limits.max())):
         log_probs, state, step_attention = model.decode_step(prev, state, memory, need_attention)
-        log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist()).squeeze(1)
+        log_probs = _constrain(log_probs.unsqueeze(1), step, min_len, limits[rows].tolist())
+        if prefixes is not None:
+            log_probs = force_prefix(log_probs, step, [prefixes[row] for row in rows.tolist()])
+        log_probs = log_probs.squeeze(1)
         chosen = pick(log_probs, rows.tolist(), step)
         chosen_log_probs = log_probs.gather(1, chosen.unsqueeze(1)).squeeze(1)
         step_tokens, step_log_probs = chosen.tolist(), chosen_log_probs.tolist()
@@ -160,13 +168,18 @@ class _Beams:
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5, alpha: float = 0.6,
                 max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0, n_best: int = 1,
-                need_attention: bool = False) -> list[list[Hypothesis]]:
+                need_attention: bool = False, prefixes: list[list[int]] | None = None,
+                trace: list[list[dict]] | None = None) -> list[list[Hypothesis]]:
     """Beam search batched over sentences and beams; the ``n_best`` best hypotheses per sentence.
 
     Hypotheses are ranked by ``log P(y|x) / length_penalty(|y|, alpha)``, ``|y|`` counting
     EOS. A sentence stops searching once ``n_best`` hypotheses are finished and no live
     one can beat them any more (its log-probability can only fall, and the penalty is at
     most that of the maximum length); then its rows leave the batch.
+
+    ``prefixes``: per sentence, the output tokens every hypothesis starts with.
+    ``trace``: one empty list per sentence, filled with a dict per step of its search
+    (:func:`_advance` says what it holds), to show the search as a tree.
     """
     batch, k = src.size(0), beam
     memory = model.encode(src, src_mask)
@@ -183,13 +196,16 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
         log_probs, state, attention = model.decode_step(prev, state, memory, need_attention)
         log_probs = _constrain(log_probs.view(len(beams.sentences), width, -1), step, min_len,
                                [limits[s] for s in beams.sentences])
+        if prefixes is not None:
+            log_probs = force_prefix(log_probs, step, [prefixes[s] for s in beams.sentences])
         if attention is not None:
             step_attention = attention.float().unsqueeze(1)
             beams.attention = step_attention if beams.attention is None else \
                 torch.cat([beams.attention, step_attention], dim=1)
         scores, origins, tokens = top_candidates(beams.cumulative, log_probs, 2 * k)
         rows, next_tokens, next_scores, keep = _advance(beams, scores, origins, tokens, step, k,
-                                                        width, alpha, limits, n_best, finished)
+                                                        width, alpha, limits, n_best, finished,
+                                                        trace)
         if not keep:
             break
         rows = torch.tensor(rows, device=src.device)
@@ -220,26 +236,33 @@ def _constrain(log_probs: torch.Tensor, step: int, min_len: int, limits: list[in
 
 
 def _advance(beams: _Beams, scores, origins, tokens, step, k, width, alpha, limits, n_best,
-             finished):
+             finished, trace=None):
     """Finish EOS candidates, keep the best ``k`` others per sentence, decide who goes on.
 
     ``width`` is the number of rows per sentence at this step (1 at the first). Returns the
     rows to continue from, their new tokens and scores, and the positions (in
-    ``beams.sentences``) of the sentences still searching.
+    ``beams.sentences``) of the sentences still searching. With ``trace``, each sentence's
+    list gets ``{"step", "kept", "pruned", "finished"}``: the extensions kept, those left
+    out among the ``2k`` best, and the hypotheses finished at this step, each as
+    ``(tokens, score)`` (a finished one's score length-normalised, as it is ranked).
     """
     rows, next_tokens, next_scores, keep = [], [], [], []
     scores, origins, tokens = scores.tolist(), origins.tolist(), tokens.tolist()
     for i, sentence in enumerate(beams.sentences):
-        live = []
+        live, pruned, ended = [], [], []
         for rank, (score, origin, token) in enumerate(zip(scores[i], origins[i], tokens[i])):
-            if score == float("-inf") or len(live) == k:
+            if score == float("-inf"):
                 break
             row = i * width + origin
-            if token == EOS_ID:
-                if rank < k:                                  # an EOS must rank within the beam
-                    finished[sentence].append(_finished(beams, row, score, step, alpha))
+            if len(live) == k or (token == EOS_ID and rank >= k):     # an EOS must rank within k
+                pruned.append((row, token, score))
+            elif token == EOS_ID:
+                ended.append(_finished(beams, row, score, step, alpha))
             else:
                 live.append((row, token, score))
+        finished[sentence] += ended
+        if trace is not None:
+            trace[sentence].append(_trace_step(beams, step, live, pruned, ended))
         if live and not _sentence_done(finished[sentence], live[0][2], limits[sentence], alpha,
                                        n_best):
             live += [(live[0][0], EOS_ID, float("-inf"))] * (k - len(live))   # pad dead beams
@@ -249,6 +272,30 @@ def _advance(beams: _Beams, scores, origins, tokens, step, k, width, alpha, limi
                 next_tokens.append(token)
                 next_scores.append(score)
     return rows, next_tokens, next_scores, keep
+
+
+def _trace_step(beams: _Beams, step: int, live, pruned, ended) -> dict:
+    def extension(row, token, score):
+        return beams.history[row].tolist() + [token], score
+
+    return {"step": step, "kept": [extension(*candidate) for candidate in live],
+            "pruned": [extension(*candidate) for candidate in pruned],
+            "finished": [(hypothesis.tokens, hypothesis.score) for hypothesis in ended]}
+
+
+def force_prefix(log_probs: torch.Tensor, step: int, prefixes: list[list[int]]) -> torch.Tensor:
+    """Only the prefix's token at ``step`` for the sentences whose prefix is that long.
+    ``log_probs (N, K, V)``, ``prefixes`` one per sentence; the forced token keeps its
+    log-probability, so a prefixed hypothesis scores what the model gives its tokens."""
+    forced = [(i, prefix[step]) for i, prefix in enumerate(prefixes) if step < len(prefix)]
+    if not forced:
+        return log_probs
+    rows = torch.tensor([i for i, _ in forced], device=log_probs.device)
+    wanted = torch.tensor([token for _, token in forced], device=log_probs.device)
+    kept = log_probs[rows, :, wanted]                                     # (F, K)
+    log_probs[rows] = float("-inf")
+    log_probs[rows, :, wanted] = kept
+    return log_probs
 
 
 def _finished(beams: _Beams, row: int, score: float, step: int, alpha: float) -> Hypothesis:

@@ -76,6 +76,14 @@ class TranslateRequest(BaseModel):
     attention: bool = False
     self_attention: bool = False
     target_lang: str | None = Field(None, max_length=16)
+    model: str | None = Field(None, max_length=200)
+    prefix: str | None = Field(None, max_length=1000)
+    trace: bool = False
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value):
+        return None if value is None else _valid_unicode(value)
 
     @field_validator("text")
     @classmethod
@@ -149,6 +157,8 @@ class Options:
     attention: bool
     sampling: Sampling | None = None
     target_lang: str | None = None
+    prefix: str | None = None
+    trace: bool = False
 
 
 @dataclass
@@ -213,7 +223,8 @@ async def run_translation(translator: Translator, executor, texts: list[str], op
         executor, lambda: translator.translate(texts, options.beam, options.n_best, options.alpha,
                                                need_attention=options.attention,
                                                sampling=options.sampling,
-                                               target_lang=options.target_lang))
+                                               target_lang=options.target_lang,
+                                               prefix=options.prefix, trace=options.trace))
 
 
 def nested_lists(weights: np.ndarray) -> list:
@@ -236,6 +247,11 @@ def describe(translation: Translation, attention: bool, self_attention=None) -> 
               "translation": translation.best.text,
               "hypotheses": [{"text": h.text, "score": _number(h.score), "tokens": h.tokens}
                              for h in translation.hypotheses]}
+    if translation.search_steps is not None:
+        result["search_steps"] = [{key: value if key == "step" else
+                                   [{"tokens": item["tokens"], "score": _number(item["score"])}
+                                    for item in value] for key, value in step.items()}
+                                  for step in translation.search_steps]
     if attention:
         for hypothesis, described in zip(translation.hypotheses, result["hypotheses"]):
             described["attention"] = None if hypothesis.attention is None else \
@@ -305,21 +321,68 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: bool = True,
-               wait_ms: float = 5.0, workers: int = 1) -> FastAPI:
-    """The API over ``translator``. ``workers``: batches decoded at once; more than one only
-    pays on an engine that runs them in parallel (CTranslate2, whose threads each take a
-    batch), where the default of :func:`default_workers` is one per engine thread."""
+@dataclass
+class Served:
+    """One model of the server: its translator, its executor and micro-batcher, its /info."""
+    name: str
+    translator: Translator
+    executor: concurrent.futures.Executor
+    batcher: MicroBatcher | None
+    info: dict
+    default_beam: int
+
+    @classmethod
+    def start(cls, name: str, translator: Translator, limits: Limits, micro_batch: bool,
+              wait_ms: float, workers: int) -> "Served":
+        workers = workers or default_workers(translator)
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+        batcher = MicroBatcher(translator, executor, wait_ms, limits.max_texts, workers) \
+            if micro_batch else None
+        return cls(name, translator, executor, batcher, {"name": name, **model_info(translator, limits)},
+                   min(translator.config.decode.beam, limits.max_beam))
+
+    async def translate(self, texts: list[str], options: Options) -> list[Translation]:
+        if self.batcher is not None:
+            return await self.batcher.translate(texts, options)
+        return await run_translation(self.translator, self.executor, texts, options)
+
+    def options(self, request: TranslateRequest, texts: list[str]) -> Options:
+        """The request's decoding options, checked against this model (422 naming the field)."""
+        if request.self_attention and not self.info["has_self_attention"]:
+            raise LimitError(422, "self_attention: this model has no self-attention")
+        sampling = None if request.sample is None else Sampling(**request.sample.model_dump())
+        for field, check in (("target_lang", lambda: self.translator.source_tag(request.target_lang)),
+                             ("prefix", lambda: request.prefix is None or self.translator.prefix_ids(
+                                 request.prefix, self.translator.source_tokenizer.encode_batch(texts))),
+                             ("trace", lambda: not request.trace or self.translator.check_trace(sampling))):
+            try:
+                check()
+            except UserError as error:
+                raise LimitError(422, f"{field}: {error}") from None
+        return Options(request.beam or self.default_beam, request.n_best, request.alpha,
+                       request.attention or request.self_attention, sampling, request.target_lang,
+                       request.prefix, request.trace)
+
+
+def served_models(translators: Translator | dict[str, Translator]) -> dict[str, Translator]:
+    return translators if isinstance(translators, dict) else {"model": translators}
+
+
+def create_app(translators: Translator | dict[str, Translator], limits: Limits = Limits(),
+               micro_batch: bool = True, wait_ms: float = 5.0, workers: int = 0) -> FastAPI:
+    """The API over one translator or several (``{name: translator}``, the first the default;
+    a request's ``model`` names another). ``workers``: batches decoded at once per model
+    (0: :func:`default_workers`); more than one only pays on an engine that runs them in
+    parallel (CTranslate2, whose threads each take a batch)."""
     # No /docs or /redoc: their pages load scripts from the internet (blank offline).
     app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer",
                   docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
-    batcher = MicroBatcher(translator, executor, wait_ms, limits.max_texts, workers) \
-        if micro_batch else None
-    default_beam = min(translator.config.decode.beam, limits.max_beam)
-    info = model_info(translator, limits)
-    waiting = {"work": 0}                          # accepted and not yet answered
+    models = {name: Served.start(name, translator, limits, micro_batch, wait_ms, workers)
+              for name, translator in served_models(translators).items()}
+    default = next(iter(models.values()))
+    info = {**default.info, "models": [model.info for model in models.values()]}
+    waiting = {"work": 0}                          # accepted and not yet answered, all models
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
@@ -343,26 +406,21 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
     @app.post("/translate")
     async def translate(request: TranslateRequest):
         try:
-            texts = check_request(request, limits, default_beam)
-            if request.self_attention and not info["has_self_attention"]:
-                raise LimitError(422, "self_attention: this model has no self-attention")
-            sampling = None if request.sample is None else Sampling(**request.sample.model_dump())
-            try:
-                translator.source_tag(request.target_lang)
-            except UserError as error:
-                raise LimitError(422, f"target_lang: {error}") from None
-            options = Options(request.beam or default_beam, request.n_best, request.alpha,
-                              request.attention or request.self_attention, sampling,
-                              request.target_lang)
-            work = request_work(translator, texts, request.n_best if sampling else options.beam,
-                                limits)
+            model = models.get(request.model or default.name)
+            if model is None:
+                raise LimitError(422, f"model: unknown model {request.model!r}; this server has "
+                                      f"{', '.join(models)}")
+            texts = check_request(request, limits, model.default_beam)
+            options = model.options(request, texts)
+            work = request_work(model.translator, texts,
+                                request.n_best if options.sampling else options.beam, limits)
             if waiting["work"] + work > limits.max_queue_work:
                 raise LimitError(503, f"busy: {waiting['work']} token-beams of work are waiting "
                                       f"(max_queue_work {limits.max_queue_work}); retry shortly",
                                  retry_after=1)
             waiting["work"] += work
             try:
-                described = await _translate(texts, options, request.self_attention)
+                described = await _translate(model, texts, options, request.self_attention)
             finally:
                 waiting["work"] -= work
         except LimitError as error:
@@ -372,19 +430,16 @@ def create_app(translator: Translator, limits: Limits = Limits(), micro_batch: b
         except Exception:
             logger.exception("translation failed")
             return JSONResponse({"error": "internal error while translating"}, status_code=500)
-        return JSONResponse({"translations": described})      # plain JSON: no re-encoding pass
+        return JSONResponse({"model": model.name, "translations": described})
 
-    async def _translate(texts: list[str], options: Options, self_attention: bool) -> list[dict]:
-        if batcher is not None:
-            translations = await batcher.translate(texts, options)
-        else:
-            translations = await run_translation(translator, executor, texts, options)
+    async def _translate(model: Served, texts: list[str], options: Options,
+                         self_attention: bool) -> list[dict]:
         described = []
-        for translation in translations:
+        for translation in await model.translate(texts, options):
             maps = None
             if self_attention and translation.best.ids:
                 maps = await asyncio.get_running_loop().run_in_executor(
-                    executor, translator.self_attention, translation)
+                    model.executor, model.translator.self_attention, translation)
             described.append(describe(translation, options.attention, maps))
         return described
 
@@ -397,9 +452,9 @@ def default_workers(translator: Translator) -> int:
     return translator.engine.parallel_batches
 
 
-def serve(translator: Translator, host: str, port: int, limits: Limits, micro_batch: bool,
-          wait_ms: float, workers: int = 0) -> None:
+def serve(translators: Translator | dict[str, Translator], host: str, port: int, limits: Limits,
+          micro_batch: bool, wait_ms: float, workers: int = 0) -> None:
     import uvicorn
 
-    app = create_app(translator, limits, micro_batch, wait_ms, workers or default_workers(translator))
+    app = create_app(translators, limits, micro_batch, wait_ms, workers)
     uvicorn.run(app, host=host, port=port, log_level="warning")

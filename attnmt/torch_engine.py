@@ -101,21 +101,25 @@ class TorchEngine:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def search(self, sources: list[list[int]], options: SearchOptions) -> list[list[Hypothesis]]:
+    def search(self, sources: list[list[int]], options: SearchOptions,
+               prefixes: list[list[int]] | None = None,
+               traces: list[list[dict]] | None = None) -> list[list[Hypothesis]]:
         """``options.n_best`` hypotheses for each (non-empty) source of token ids, with their
-        attention as NumPy arrays."""
+        attention as NumPy arrays; ``prefixes``: the output tokens each must start with;
+        ``traces``: one list per source to fill with the beam search's steps."""
         src, src_mask = (tensor.to(self.device) for tensor in source_tensor(sources))
         lengths = (options.max_len_a, options.max_len_b, options.min_len)
         with torch.inference_mode(), self._autocast():
             if options.sampling is not None:
                 found = sample_search(self.model, src, src_mask, options.sampling, options.n_best,
-                                      *lengths, options.need_attention)
-            elif options.beam == 1:
+                                      *lengths, options.need_attention, prefixes)
+            elif options.beam == 1 and traces is None:
                 found = [[h] for h in greedy_search(self.model, src, src_mask, *lengths,
-                                                    options.need_attention)]
+                                                    options.need_attention, prefixes)]
             else:
                 found = beam_search(self.model, src, src_mask, options.beam, options.alpha,
-                                    *lengths, options.n_best, options.need_attention)
+                                    *lengths, options.n_best, options.need_attention, prefixes,
+                                    traces)
         for hypotheses in found:
             for hypothesis in hypotheses:
                 if hypothesis.attention is not None:

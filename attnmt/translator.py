@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnmt.config import Config, load_config
+from attnmt.data import UNK_ID
 from attnmt.data.batching import source_batches
 from attnmt.data.tokenizers import load_tokenizers
 from attnmt.decoding import Hypothesis, Sampling, SearchOptions
@@ -46,6 +47,7 @@ class Translation:
     hypotheses: list[TranslatedHypothesis]
     tag_tokens: int = 0               # leading source pieces that are tags (<2de>), not the text
     source_ids: list[int] = field(default_factory=list)   # the ids of source_tokens
+    search_steps: list[dict] | None = None    # with trace: the beam search, step by step
 
     @property
     def best(self) -> TranslatedHypothesis:
@@ -139,14 +141,18 @@ class Translator:
     def translate(self, texts: list[str], beam: int | None = None, n_best: int = 1,
                   alpha: float | None = None, batch_tokens: int | None = None,
                   need_attention: bool = False, sampling: Sampling | None = None,
-                  target_lang: str | None = None) -> list[Translation]:
+                  target_lang: str | None = None, prefix: str | list[str] | None = None,
+                  trace: bool = False) -> list[Translation]:
         """Translate raw texts; results come in input order, ``n_best`` hypotheses each.
 
         With ``sampling``, the ``n_best`` hypotheses are samples (``beam`` is not used).
         ``target_lang`` chooses the output language of a one-to-many model (default: its
-        ``data.tgt_lang``). Texts that are empty after normalisation (whitespace, control
-        characters) get one empty hypothesis. A text longer than the model accepts raises
-        :class:`UserError` naming it.
+        ``data.tgt_lang``). ``prefix`` (one for every text, or a list of one per text):
+        the words every output starts with, the model completing them (interactive
+        translation). ``trace``: each translation's ``search_steps`` holds its beam search
+        step by step (PyTorch engine). Texts that are empty after normalisation
+        (whitespace, control characters) get one empty hypothesis. A text longer than the
+        model accepts, or a prefix it cannot write, raises :class:`UserError` naming it.
         """
         decode = self.config.decode
         beam = decode.beam if beam is None else beam
@@ -164,19 +170,64 @@ class Translator:
             if limit is not None and len(ids) > limit:
                 raise UserError(f"input {number} has {len(ids)} tokens; this model accepts at most "
                                 f"{limit}")
+        prefixes = self.prefix_ids(prefix, sources) if prefix is not None else None
+        if trace:
+            self.check_trace(sampling)
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in texts]
+        traces: list[list[dict] | None] = [[] if trace else None for _ in texts]
         nonempty = [i for i, ids in enumerate(sources) if ids]
         lengths = [len(sources[i]) for i in nonempty]
         for batch in source_batches(lengths, batch_tokens or decode.batch_tokens):
             indices = [nonempty[j] for j in batch]
-            for index, hypotheses in zip(indices, self.engine.search([sources[i] for i in indices],
-                                                                     options)):
+            found = self.engine.search([sources[i] for i in indices], options,
+                                       None if prefixes is None else [prefixes[i] for i in indices],
+                                       [traces[i] for i in indices] if trace else None)
+            for index, hypotheses in zip(indices, found):
                 results[index] = hypotheses
         tag_tokens = len(self.source_tokenizer.pieces(tag)) if tag else 0
         return [Translation(text, self.source_tokenizer.pieces(tagged[i]) if sources[i] else [],
                             [self._describe(h) for h in results[i]],
-                            tag_tokens if sources[i] else 0, sources[i])
+                            tag_tokens if sources[i] else 0, sources[i],
+                            self._steps(traces[i]) if trace else None)
                 for i, text in enumerate(texts)]
+
+    def check_trace(self, sampling: Sampling | None) -> None:
+        """Search steps exist for beam search on the PyTorch engine; else one line saying so."""
+        if sampling is not None:
+            raise UserError("search steps are shown for beam search, not for sampling")
+        if self.engine.name != "torch":
+            raise UserError("the CTranslate2 engine does not expose the steps of its beam search; "
+                            "serve the run with --engine torch to see them")
+
+    def prefix_ids(self, prefix: str | list[str], sources: list[list[int]]) -> list[list[int]]:
+        """The target ids of each text's prefix; one the model cannot write (pieces outside
+        its vocabulary, or longer than the output its source may have) is refused."""
+        texts = [prefix] * len(sources) if isinstance(prefix, str) else list(prefix)
+        if len(texts) != len(sources):
+            raise UserError(f"prefix: {len(texts)} prefixes for {len(sources)} texts")
+        decode = self.config.decode
+        encoded = self.target_tokenizer.encode_batch(texts)
+        for number, (text, ids, source) in enumerate(zip(texts, encoded, sources), start=1):
+            if UNK_ID in ids:
+                unknown = [piece for piece, i in zip(self.target_tokenizer.pieces(text), ids)
+                           if i == UNK_ID]
+                raise UserError(f"prefix {number}: {' '.join(unknown)!r} cannot be written with "
+                                "this model's target vocabulary")
+            room = max(1, int(len(source) * decode.max_len_a + decode.max_len_b)) - 1
+            if source and len(ids) > room:
+                raise UserError(f"prefix {number} has {len(ids)} tokens; the translation of text "
+                                f"{number} may have at most {room}")
+        return encoded
+
+    def _steps(self, trace: list[dict]) -> list[dict]:
+        """A beam search trace with pieces for ids (see :func:`attnmt.search.beam_search`)."""
+        def described(items):
+            return [{"tokens": [self.target_tokenizer.id_to_piece(i) for i in ids], "score": score}
+                    for ids, score in items]
+
+        return [{"step": step["step"], "kept": described(step["kept"]),
+                 "pruned": described(step["pruned"]), "finished": described(step["finished"])}
+                for step in trace]
 
     def self_attention(self, translation: Translation) -> tuple[np.ndarray, np.ndarray]:
         """Encoder ``(layers, heads, S+1, S+1)`` and decoder ``(layers, heads, T+1, T+1)``

@@ -75,6 +75,19 @@ def test_whitespace_and_control_characters_give_what_plain_text_gives(exported):
         assert found[2].best.ids == found[3].best.ids and found[2].source_tokens == found[3].source_tokens
 
 
+def test_prefix_is_honoured_by_both_engines(exported):
+    torch_engine, c_engine = exported
+    prefix = torch_engine.target_tokenizer.encode("three hundred")
+    for beam in (1, 4):
+        ours = torch_engine.translate(SOURCES[:60], beam=beam, prefix="three hundred")
+        theirs = c_engine.translate(SOURCES[:60], beam=beam, prefix="three hundred")
+        assert all(t.best.ids[:len(prefix)] == prefix for t in ours + theirs)
+        if beam == 1:                                      # the same greedy continuation
+            assert [t.best.ids for t in theirs] == [t.best.ids for t in ours]
+    with pytest.raises(UserError, match="does not expose the steps of its beam search"):
+        c_engine.translate(["sieben"], trace=True)
+
+
 def test_length_limits_of_one_token_give_the_empty_output_in_a_mixed_batch(exported):
     # Limit = int(0.5 * source tokens): 1 for the short sources (only EOS fits), more for the
     # long ones; the engine is called once per limit and the answers must land in order.

@@ -1,4 +1,5 @@
 import asyncio
+import re
 import os
 import shutil
 import socket
@@ -26,7 +27,8 @@ def client(tiny_runs):
 def test_health_and_info(client):
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/info").json()
-    assert info == {"model": "Transformer, 1+1 layers, 2 heads", "engine": "torch", "src_lang": "de",
+    assert info.pop("models") == [{**info}]               # one model, named "model"
+    assert info == {"name": "model", "model": "Transformer, 1+1 layers, 2 heads", "engine": "torch", "src_lang": "de",
                     "tgt_lang": "en", "target_langs": ["en"], "parameters": info["parameters"], "has_attention": True,
                     "layers": 1, "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
                     "default_beam": 5, "limits": {"max_chars": 50, "max_texts": 3, "max_beam": 4,
@@ -313,3 +315,63 @@ def test_page_in_a_real_browser(tiny_runs, tmp_path):
             driver.quit()
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_runs):
+    app = create_app({"transformer": Translator.from_run(tiny_runs["transformer"]),
+                      "bahdanau": Translator.from_run(tiny_runs["rnn"])}, Limits(max_texts=4))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_several_models_are_listed_and_chosen_by_name(two_models):
+    info = two_models.get("/info").json()
+    assert [model["name"] for model in info["models"]] == ["transformer", "bahdanau"]
+    assert info["name"] == "transformer"                      # the first is the default
+    assert [model["heads"] for model in info["models"]] == [2, 1]
+    answers = {name: two_models.post("/translate", json={"text": "dreihundertzwölf", "model": name,
+                                                         "attention": True}).json()
+               for name in ("transformer", "bahdanau")}
+    assert answers["transformer"]["model"] == "transformer" and answers["bahdanau"]["model"] == "bahdanau"
+    grids = {name: answer["translations"][0]["hypotheses"][0]["attention"] for name, answer in answers.items()}
+    assert (len(grids["transformer"]), len(grids["transformer"][0])) == (1, 2)
+    assert (len(grids["bahdanau"]), len(grids["bahdanau"][0])) == (1, 1)
+    default = two_models.post("/translate", json={"text": "dreihundertzwölf"}).json()
+    assert default["model"] == "transformer"
+    unknown = two_models.post("/translate", json={"text": "sieben", "model": "luong"})
+    assert unknown.status_code == 422
+    assert unknown.json()["error"] == "model: unknown model 'luong'; this server has transformer, bahdanau"
+
+
+def test_prefix_is_honoured_and_a_bad_one_named(client, tiny_runs):
+    translator = Translator.from_run(tiny_runs["transformer"])
+    prefix_pieces = translator.target_tokenizer.pieces("three hundred")
+    for beam in (1, 3):
+        data = client.post("/translate", json={"texts": ["sieben", "dreihundertzwölf"], "beam": beam,
+                                               "prefix": "three hundred"}).json()["translations"]
+        for translation in data:
+            assert translation["hypotheses"][0]["tokens"][:len(prefix_pieces)] == prefix_pieces
+            assert translation["translation"].startswith("three hundred")
+    for prefix, message in (("ß€", r"^prefix: prefix 1: 'ß€' cannot be written"),
+                            ("three " * 30, r"^prefix: prefix 1 has 30 tokens; the translation of "
+                                            r"text 1 may have at most \d+$")):
+        refused = client.post("/translate", json={"text": "sieben", "prefix": prefix})
+        assert refused.status_code == 422 and re.match(message, refused.json()["error"])
+
+
+def test_beam_steps_agree_with_the_n_best(client):
+    data = client.post("/translate", json={"text": "dreihundertzwölf", "beam": 4, "n_best": 3,
+                                           "trace": True}).json()["translations"][0]
+    steps = data["search_steps"]
+    assert [step["step"] for step in steps] == list(range(len(steps)))
+    finished = sorted((item for step in steps for item in step["finished"]), key=lambda h: -h["score"])
+    assert [(h["tokens"], h["score"]) for h in finished[:3]] == \
+        [(h["tokens"], h["score"]) for h in data["hypotheses"]]
+    for step in steps:
+        assert len(step["kept"]) <= 4 and all(len(h["tokens"]) == step["step"] + 1 for h in step["kept"])
+    for earlier, later in zip(steps, steps[1:]):          # every kept hypothesis extends a kept one
+        parents = {tuple(h["tokens"]) for h in earlier["kept"]}
+        assert all(tuple(h["tokens"][:-1]) in parents for h in later["kept"] + later["pruned"])
+    sampled = client.post("/translate", json={"text": "sieben", "trace": True, "sample": {}})
+    assert sampled.status_code == 422 and sampled.json()["error"].startswith("trace: ")

@@ -117,3 +117,20 @@ def test_a_bilingual_run_refuses_another_target_language(run):
     assert translator.translate(["sieben"], target_lang="en")[0].source_tokens[0] != "<2en>"
     with pytest.raises(UserError, match=r"^target language 'fr': this model translates de into en only$"):
         translator.translate(["sieben"], target_lang="fr")
+
+
+def test_prefix_starts_every_output_in_every_search(run):
+    from attnmt.decoding import Sampling
+
+    translator = Translator.from_run(run)
+    prefix = translator.target_tokenizer.encode("one hundred")
+    texts = ["sieben", "dreihundertzwölf", "", "neunhundertneunundneunzig"]
+    for options in (dict(beam=1), dict(beam=3, n_best=2), dict(sampling=Sampling(seed=3), n_best=2)):
+        found = translator.translate(texts, prefix="one hundred", **options)
+        assert found[2].best.ids == []                                    # empty input stays empty
+        for translation in found[:2] + found[3:]:
+            assert all(h.ids[:len(prefix)] == prefix for h in translation.hypotheses)
+    per_text = translator.translate(["sieben", "acht"], beam=2, prefix=["one", "two"])
+    assert [t.best.ids[:1] for t in per_text] == [translator.target_tokenizer.encode(w) for w in ("one", "two")]
+    with pytest.raises(UserError, match=r"^prefix: 1 prefixes for 2 texts$"):
+        translator.translate(["sieben", "acht"], prefix=["one"])
