@@ -251,9 +251,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(python: str, run, port: int) -> subprocess.Popen:
-    """``attnmt serve RUN`` in a process of its own, once it answers /health."""
-    server = subprocess.Popen([python, "-m", "attnmt", "serve", str(run), "--port", str(port),
+def start_server(python: str, runs, port: int) -> subprocess.Popen:
+    """``attnmt serve RUN [RUN ...]`` in a process of its own, once it answers /health."""
+    runs = [str(run) for run in (runs if isinstance(runs, list) else [runs])]
+    server = subprocess.Popen([python, "-m", "attnmt", "serve", *runs, "--port", str(port),
                                "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while True:
@@ -268,48 +269,78 @@ def start_server(python: str, run, port: int) -> subprocess.Popen:
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
-def test_page_in_a_real_browser(tiny_runs, tmp_path):
+def browser(tmp_path, language: str = "en"):
+    """Headless Chromium driven by Selenium, asking for pages in ``language``."""
     if not (CHROMIUM and CHROMEDRIVER):
         message = "browser test needs Debian's chromium and chromium-driver (apt-get install ...)"
         if os.environ.get("CI"):                 # CI installs them: missing there is a failure
             pytest.fail(message)
         pytest.skip(message)
     from selenium import webdriver
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    port = free_port()
-    server = start_server(sys.executable, tiny_runs["transformer"], port)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}",
-                 "--window-size=1200,900"):
+                 "--disable-sync", f"--user-data-dir={tmp_path / f'profile-{language}'}",
+                 "--window-size=1400,1000", f"--lang={language}"):
         options.add_argument(flag)
+    options.add_experimental_option("prefs", {"intl.accept_languages": language})
+    return webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
+
+
+def test_page_in_a_real_browser(tiny_runs, tmp_path):
+    """Two models side by side with their attention, the beam tree with the chosen path, an
+    edited prefix decoded again, and the labels in Korean for a Korean browser."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    port = free_port()
+    server = start_server(sys.executable, [f"transformer={tiny_runs['transformer']}",
+                                           f"bahdanau={tiny_runs['rnn']}"], port)
     driver = None
     try:
-        driver = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
+        driver = browser(tmp_path)
         driver.get(f"http://127.0.0.1:{port}/")
         wait = WebDriverWait(driver, 30)
         wait.until(lambda d: "parameters" in d.find_element(By.ID, "info").text)
-        driver.find_element(By.ID, "source").send_keys("dreihundertzwölf")
+        driver.find_element(By.ID, "source").send_keys("sieben")     # both tiny models answer it
+        Select(driver.find_element(By.ID, "compare")).select_by_value("bahdanau")
+        driver.find_element(By.ID, "trace").click()
         driver.find_element(By.ID, "translate").click()
-        wait.until(lambda d: d.find_element(By.ID, "translation").text.strip())
-        assert driver.find_elements(By.CSS_SELECTOR, "#nbest li")
-        sources = driver.find_elements(By.CSS_SELECTOR, ".src-token")
-        targets = driver.find_elements(By.CSS_SELECTOR, ".tgt-token")
-        assert sources and targets
-        before = [s.get_attribute("style") for s in sources]
-        ActionChains(driver).move_to_element(targets[0]).perform()
-        wait.until(lambda d: [s.get_attribute("style") for s in sources] != before)
-        weights = [float(s.get_attribute("data-weight")) for s in sources]
-        assert abs(sum(weights) - 1) < 0.05                   # one output token's attention
-        ActionChains(driver).move_to_element(sources[0]).perform()
-        wait.until(lambda d: all(t.get_attribute("data-weight") for t in targets))
+        wait.until(lambda d: all(t.text.strip() for t in d.find_elements(By.CSS_SELECTOR, ".translation"))
+                   and len(d.find_elements(By.CSS_SELECTOR, ".translation")) == 2)
+        panels = driver.find_elements(By.CSS_SELECTOR, ".panel")
+        assert [p.get_attribute("data-model") for p in panels] == ["transformer", "bahdanau"]
+        for panel in panels:                                  # each model its own attention
+            sources = panel.find_elements(By.CSS_SELECTOR, ".src-token")
+            targets = panel.find_elements(By.CSS_SELECTOR, ".tgt-token")
+            assert sources and targets and panel.find_elements(By.CSS_SELECTOR, ".cross table")
+            ActionChains(driver).move_to_element(targets[0]).perform()
+            wait.until(lambda d: any(float(s.get_attribute("data-weight") or 0) > 0 for s in sources))
+            weights = [float(s.get_attribute("data-weight")) for s in sources]
+            assert abs(sum(weights) - 1) < 0.05               # one output token's attention
+        tree = panels[0].find_element(By.CSS_SELECTOR, ".tree svg")
+        chosen = tree.find_elements(By.CSS_SELECTOR, ".node.chosen")
+        output = [t.text for t in panels[0].find_elements(By.CSS_SELECTOR, ".tgt-token")][:-1]
+        assert len(chosen) == len(output) + 1                 # every chosen token, and </s>
+        assert chosen[-1].get_attribute("data-tokens").split() == output + ["</s>"]
+        assert tree.find_elements(By.CSS_SELECTOR, ".edge.chosen")
         assert driver.save_screenshot(str(tmp_path / "page.png"))
-        assert (tmp_path / "page.png").stat().st_size > 1000
+        first_word = panels[0].find_elements(By.CSS_SELECTOR, ".tgt-token")[0]
+        first_word.click()                                    # keep the output up to it ...
+        prefix = driver.find_element(By.ID, "prefix")
+        assert prefix.get_attribute("value") == output[0].replace("\u2581", "")
+        prefix.clear()
+        prefix.send_keys("seven hundred")                     # ... edit it, decode again
+        driver.find_element(By.ID, "continue").click()
+        wait.until(lambda d: all(t.text.startswith("seven hundred")
+                                 for t in d.find_elements(By.CSS_SELECTOR, ".translation")))
+        driver.quit()
+        driver = browser(tmp_path, "ko")
+        driver.get(f"http://127.0.0.1:{port}/")
+        assert driver.find_element(By.ID, "translate").text == "번역"
     finally:
         if driver is not None:
             driver.quit()
