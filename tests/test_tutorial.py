@@ -1,6 +1,7 @@
-"""docs/tutorial.ipynb runs from a clean kernel, and its committed outputs are the current code's.
+"""docs/tutorial.ipynb and its Korean twin docs/tutorial.ko.ipynb run from a clean kernel,
+their committed outputs are the current code's, and their code cells are the same.
 
-Render the outputs after changing the notebook or the code it shows:
+Render the outputs after changing the notebooks or the code they show:
 
     python tests/test_tutorial.py --render
 
@@ -11,6 +12,7 @@ only required to run; every other cell's text output must equal the committed on
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,13 +20,14 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="the dev extra is not installed")
 nbclient = pytest.importorskip("nbclient", reason="the dev extra is not installed")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "docs" / "tutorial.ipynb"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+NOTEBOOKS = [DOCS / "tutorial.ipynb", DOCS / "tutorial.ko.ipynb"]
 NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
 
 
 def execute(notebook):
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+                                     resources={"metadata": {"path": str(DOCS)}})
     client.execute()
     return notebook
 
@@ -64,9 +67,22 @@ def test_printed_text_sent_in_pieces_reads_as_one():
     assert text_outputs(cell) == ["a\n", "3", "b\n"]
 
 
-def test_tutorial_runs_and_its_outputs_are_current():
-    committed = nbformat.read(NOTEBOOK, as_version=4)
-    fresh = execute(nbformat.read(NOTEBOOK, as_version=4))
+def test_the_korean_tutorial_has_the_same_code_and_korean_prose():
+    english, korean = (nbformat.read(path, as_version=4) for path in NOTEBOOKS)
+    assert [c.cell_type for c in english.cells] == [c.cell_type for c in korean.cells]
+    for ours, theirs in zip(english.cells, korean.cells):
+        if ours.cell_type == "code":
+            assert ours.source == theirs.source and ours.metadata == theirs.metadata
+        else:
+            assert re.search("[\uac00-\ud7a3]", theirs.source), theirs.source[:80]   # Hangul
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.name)
+def test_tutorial_runs_and_its_outputs_are_current(notebook):
+    start = time.perf_counter()
+    committed = nbformat.read(notebook, as_version=4)
+    fresh = execute(nbformat.read(notebook, as_version=4))
+    assert time.perf_counter() - start < 300, "the tutorial must run within 5 minutes"
     errors = [output for cell in fresh.cells for output in cell.get("outputs", [])
               if output.get("output_type") == "error"]
     assert not errors, errors
@@ -81,6 +97,6 @@ def test_tutorial_runs_and_its_outputs_are_current():
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--render"]:
-    rendered = execute(nbformat.read(NOTEBOOK, as_version=4))
-    nbformat.write(rendered, NOTEBOOK)
-    print(f"rendered {NOTEBOOK}")
+    for path in NOTEBOOKS:
+        nbformat.write(execute(nbformat.read(path, as_version=4)), path)
+        print(f"rendered {path}")
