@@ -215,7 +215,10 @@ def test_over_long_input_in_tokens_is_a_clear_error(tiny_runs):
     assert response.status_code == 413 and "this model accepts at most" in response.json()["error"]
 
 
-def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_runs):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_runs, workers):
+    """With several workers, several micro-batches are decoded at once; every caller still
+    gets the answer to its own text."""
     translator = Translator.from_run(tiny_runs["transformer"])
     batch_sizes = []
     original = translator.translate
@@ -225,7 +228,7 @@ def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_r
         return original(texts, *args, **kwargs)
 
     translator.translate = recording_translate
-    app = create_app(translator, wait_ms=50)
+    app = create_app(translator, wait_ms=50, workers=workers)
     words = ["sieben", "acht", "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn"]
 
     async def run_all():
