@@ -230,12 +230,14 @@ def configure(threads: int = 0) -> None:
     apply(threads)
 
 
-def load_translator(args):
+def load_translator(args, runs: list[str] | None = None):
+    """The translator of ``runs`` (default: the command's RUN arguments; several make an
+    ensemble), with the engine, precision and threads the options ask for."""
     from attnmt.translator import Translator, is_exported
 
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
-    runs = args.run if isinstance(args.run, list) else [args.run]
+    runs = runs or (args.run if isinstance(args.run, list) else [args.run])
     engine = args.engine
     if engine == "auto":
         engine = "ctranslate2" if len(runs) == 1 and is_exported(runs[0]) else "torch"
@@ -303,7 +305,10 @@ def run_translate(args) -> int:
                     fields.append(" ".join(f"{i}-{j}" for i, j in pairs))
                 output.append(" ||| ".join(fields) + "\n")
         target.write("".join(output))
-        streaming.sync(target) if args.output else target.flush()
+        if args.output:
+            streaming.sync(target)
+        else:
+            target.flush()
 
     with source:
         target = open(args.output, "a" if args.resume else "w", encoding="utf-8") \
@@ -394,14 +399,11 @@ def run_serve(args) -> int:
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
                     args.max_body_bytes, args.max_work, args.max_queue_work)
-    args.beam, args.target_lang = None, None
-    translators = {}
-    for name, run in named_runs(args.run):
-        args.run = run
-        translators[name] = load_translator(args)
-    print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     if args.workers < 0:
-        raise UserError(f"--workers must be at least 1, got {args.workers}")
+        raise UserError(f"--workers must be at least 1 (or 0: the engine's default), got {args.workers}")
+    args.beam, args.target_lang = None, None
+    translators = {name: load_translator(args, [run]) for name, run in named_runs(args.run)}
+    print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(translators, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
           args.workers)
     return 0

@@ -109,3 +109,15 @@ def test_plot_command_prints_the_png_path(tiny_runs, tmp_path):
                              "-o", str(tmp_path / "c.png"), "--threads", "1"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == str(tmp_path / "c.png")
+
+
+def test_served_models_are_named_by_their_folder_or_by_name():
+    import pytest
+
+    from attnmt.cli import named_runs
+    from attnmt.errors import UserError
+
+    assert named_runs(["runs/tf", "rnn=runs/bahdanau", "runs/a=b"]) == [
+        ("tf", "runs/tf"), ("rnn", "runs/bahdanau"), ("a=b", "runs/a=b")]
+    with pytest.raises(UserError, match="two served models are named 'tf'; name them with NAME=RUN"):
+        named_runs(["old/tf", "new/tf"])
