@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=20, help="length of the wrk run")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="the server's --workers (default 0: one per engine thread)")
     args = parser.parse_args()
     import yaml
     from sacrebleu.metrics import BLEU
@@ -141,8 +143,8 @@ def main() -> None:
 
     short = sorted(sources, key=lambda text: len(text.split()))[:len(sources) // 4]
     port = free_port()
-    server = subprocess.Popen([*attnmt, "serve", args.export, "--port", str(port), "--max-texts", "64"],
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen([*attnmt, "serve", args.export, "--port", str(port), "--max-texts", "64",
+                               "--workers", str(args.workers)], stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, server)
