@@ -119,6 +119,19 @@ def tiny_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def one_to_many_run(tmp_path_factory):
+    """A tiny Transformer trained on German number words into English and French (target
+    tags <2en>, <2fr>): enough to tell the two languages apart."""
+    from attnmt.train import train
+
+    folder = tmp_path_factory.mktemp("one_to_many")
+    (folder / "tiny.yaml").write_text(TINY)
+    return train(folder / "tiny.yaml", folder / "run",
+                 ["data.extra_tgt_langs=[fr]", "data.joint_vocab=true", "data.vocab_size=120",
+                  "train.max_steps=300", "train.validate_every=300"])
+
+
+@pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     """The Multi30k folder named by $ATTNMT_DATA. Without it a test skips, except in CI
     (``CI=true``), which provides the data: there a missing folder fails the run."""

@@ -121,3 +121,10 @@ def test_served_models_are_named_by_their_folder_or_by_name():
         ("tf", "runs/tf"), ("rnn", "runs/bahdanau"), ("a=b", "runs/a=b")]
     with pytest.raises(UserError, match="two served models are named 'tf'; name them with NAME=RUN"):
         named_runs(["old/tf", "new/tf"])
+
+
+def test_target_lang_on_a_bilingual_run_is_one_line(tiny_runs):
+    result = attnmt("translate", str(tiny_runs["transformer"]), "--target-lang", "fr", stdin=b"sieben\n")
+    assert result.returncode == 1
+    assert result.stderr.decode() == ("attnmt: error: target language 'fr': this model translates "
+                                      "de into en only\n")

@@ -88,6 +88,16 @@ def test_prefix_is_honoured_by_both_engines(exported):
         c_engine.translate(["sieben"], trace=True)
 
 
+def test_a_one_to_many_export_follows_the_target_language(one_to_many_run, tmp_path):
+    export_run(one_to_many_run, tmp_path / "exported", "float32")
+    ours, theirs = Translator.from_run(one_to_many_run), Translator.from_run(tmp_path / "exported")
+    for lang in ("en", "fr"):
+        expected = [t.best.ids for t in ours.translate(SOURCES[:80], beam=1, target_lang=lang)]
+        assert [t.best.ids for t in theirs.translate(SOURCES[:80], beam=1, target_lang=lang)] == expected
+    with pytest.raises(UserError, match="this model translates de into en, fr only"):
+        theirs.translate(["sieben"], target_lang="cs")
+
+
 def test_length_limits_of_one_token_give_the_empty_output_in_a_mixed_batch(exported):
     # Limit = int(0.5 * source tokens): 1 for the short sources (only EOS fits), more for the
     # long ones; the engine is called once per limit and the answers must land in order.

@@ -1,4 +1,5 @@
 import asyncio
+import json
 import re
 import os
 import shutil
@@ -292,16 +293,18 @@ def browser(tmp_path, language: str = "en"):
     return webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
 
 
-def test_page_in_a_real_browser(tiny_runs, tmp_path):
+def test_page_in_a_real_browser(tiny_runs, one_to_many_run, tmp_path):
     """Two models side by side with their attention, the beam tree with the chosen path, an
-    edited prefix decoded again, and the labels in Korean for a Korean browser."""
+    edited prefix decoded again, a one-to-many model's target language, and the labels in
+    Korean for a Korean browser."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     port = free_port()
     server = start_server(sys.executable, [f"transformer={tiny_runs['transformer']}",
-                                           f"bahdanau={tiny_runs['rnn']}"], port)
+                                           f"bahdanau={tiny_runs['rnn']}", f"multi={one_to_many_run}"],
+                          port)
     driver = None
     try:
         driver = browser(tmp_path)
@@ -340,6 +343,17 @@ def test_page_in_a_real_browser(tiny_runs, tmp_path):
         driver.find_element(By.ID, "continue").click()
         wait.until(lambda d: all(t.text.startswith("seven hundred")
                                  for t in d.find_elements(By.CSS_SELECTOR, ".translation")))
+        language = driver.find_element(By.ID, "target-lang")
+        assert not language.is_displayed()                   # one target language: no choice
+        Select(driver.find_element(By.ID, "compare")).select_by_value("")
+        Select(driver.find_element(By.ID, "model")).select_by_value("multi")
+        Select(language).select_by_value("fr")
+        driver.find_element(By.ID, "translate").click()
+        expected = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/translate", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"text": "sieben", "model": "multi", "target_lang": "fr", "beam": 5,
+                             "n_best": 3}).encode()), timeout=30).read())["translations"][0]["translation"]
+        wait.until(lambda d: [t.text for t in d.find_elements(By.CSS_SELECTOR, ".translation")] == [expected])
         driver.quit()
         driver = browser(tmp_path, "ko")
         driver.get(f"http://127.0.0.1:{port}/")

@@ -139,3 +139,23 @@ def test_back_translation_end_to_end(tiny_runs, tmp_path):
     assert translator.source_tokenizer.pieces("<bt> seven") == ["<bt>", *translator.source_tokenizer.pieces("seven")]
     translation = translator.translate(["seven"])[0]
     assert "<bt>" not in translation.source_tokens
+
+
+def test_distillation_pairs_are_the_ensembles_translations_of_their_sources(tiny_runs, tmp_path):
+    """An ensemble (two copies of a run) translates the training sources; every target line
+    is the ensemble's translation of the source on the same line."""
+    import shutil
+
+    from attnmt.translator import Translator
+
+    run, twin = tiny_runs["transformer"], tmp_path / "twin"
+    shutil.copytree(run, twin)
+    sources = WORDS[:40] + ["", "sieben"]
+    (tmp_path / "train.de").write_text("".join(f"{line}\n" for line in sources))
+    made = attnmt("synthesize", str(run), str(twin), "-i", str(tmp_path / "train.de"), "-o",
+                  str(tmp_path / "distilled" / "train"), "--beam", "3", "--threads", "1")
+    assert made.returncode == 0, made.stderr
+    teacher = Translator.from_runs([run, twin])
+    expected = [t.best.text for t in teacher.translate(sources, beam=3)]
+    assert (tmp_path / "distilled" / "train.de").read_text().splitlines() == sources
+    assert (tmp_path / "distilled" / "train.en").read_text().splitlines() == expected

@@ -80,21 +80,14 @@ def test_alignment_maps_pieces_to_words_over_several_words(run):
                           translator.target_tokenizer) == [(0, 0), (1, 1), (2, 2)]
 
 
-def test_one_to_many_model_writes_the_language_its_tag_asks_for(tmp_path):
+def test_one_to_many_model_writes_the_language_its_tag_asks_for(one_to_many_run):
     """A tiny model trained on German number words into English and French: the target
     tag chooses the language of every output (scored against both languages' references)."""
     from sacrebleu.metrics import CHRF
 
     from attnmt.data.numbers import numbers_corpus
-    from attnmt.train import train
 
-    from conftest import TINY
-
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    run = train(tmp_path / "tiny.yaml", tmp_path / "run",
-                ["data.extra_tgt_langs=[fr]", "data.joint_vocab=true", "data.vocab_size=120",
-                 "train.max_steps=300", "train.validate_every=300"])
-    translator = Translator.from_run(run)
+    translator = Translator.from_run(one_to_many_run)
     sizes = {"train": 600, "valid": 40, "test": 40}
     references = {lang: numbers_corpus("test", "de", lang, 999, sizes, 1) for lang in ("en", "fr")}
     sources = references["en"].source
