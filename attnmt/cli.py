@@ -216,7 +216,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                              "else torch; ctranslate2 on a run exports it into "
                              "RUN/ctranslate2-QUANTIZATION on first use")
     parser.add_argument("--quantization", choices=["int8", "int8_float32", "bfloat16", "float32"],
-                        default="int8", help="ctranslate2 engine: weight type (default int8)")
+                        help="ctranslate2 engine: weight type (default: int8 for a run, the "
+                             "type an export was written in for an export)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: all)")
 

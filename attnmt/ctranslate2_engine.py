@@ -69,11 +69,15 @@ class CTranslate2Engine:
 
     @classmethod
     def from_run(cls, path: Path, config: Config, source_tokenizer, target_tokenizer,
-                 quantization: str, checkpoint: str, device: str, threads: int = 0
+                 quantization: str | None, checkpoint: str, device: str, threads: int = 0
                  ) -> "CTranslate2Engine":
         """The engine of an exported folder, or of a run (exported into
-        ``RUN/ctranslate2-QUANTIZATION`` on first use, which needs PyTorch)."""
+        ``RUN/ctranslate2-QUANTIZATION`` on first use, which needs PyTorch). ``quantization``
+        None: an export runs with the weight type it was written in, a run with int8."""
         ctranslate2 = require_ctranslate2()
+        exported = (path / "model.bin").is_file()
+        if quantization is None:
+            quantization = _export_info(path).get("quantization", "int8") if exported else "int8"
         if quantization not in QUANTIZATIONS:
             raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
         device = _device(device, ctranslate2)
@@ -84,7 +88,7 @@ class CTranslate2Engine:
         if config.model.arch != "transformer":
             raise UserError(f"{path} holds an RNN; CTranslate2 runs Transformers only (it has no RNN "
                             "decoders): translate it with --engine torch")
-        folder = path if (path / "model.bin").is_file() else exported_folder(path, quantization)
+        folder = path if exported else exported_folder(path, quantization)
         if not (folder / "model.bin").is_file():
             _export_on_first_use(path, folder, quantization, checkpoint)
         # Batches in parallel, one thread each: measured faster on 2 cores than two threads

@@ -79,7 +79,7 @@ class Translator:
 
     @classmethod
     def from_run(cls, path: str | Path, checkpoint: str = "best", precision: str = "fp32",
-                 device: str = "cpu", engine: str = "auto", quantization: str = "int8",
+                 device: str = "cpu", engine: str = "auto", quantization: str | None = None,
                  threads: int = 0) -> "Translator":
         """Load ``config.yaml``, the tokenizers and the weights of a run (or an export).
 
@@ -87,7 +87,8 @@ class Translator:
         ``precision``: ``fp32``, ``bf16`` or ``auto`` (the PyTorch engine: bf16 autocast
         where the hardware runs it natively). ``device``: ``cpu``, ``cuda`` or ``auto``.
         ``engine``: ``torch``, ``ctranslate2`` with the ``quantization`` of
-        :mod:`attnmt.export` (exported into the run on first use), or ``auto``:
+        :mod:`attnmt.export` (exported into the run on first use; None: int8 for a run, an
+        export's own weight type for an export), or ``auto``:
         CTranslate2 for a folder written by ``attnmt export``, else PyTorch. ``threads``:
         CTranslate2's (0: every core); PyTorch's are the process's.
         """
@@ -95,7 +96,7 @@ class Translator:
 
     @classmethod
     def from_runs(cls, paths: list[str | Path], checkpoint: str = "best", precision: str = "fp32",
-                  device: str = "cpu", engine: str = "auto", quantization: str = "int8",
+                  device: str = "cpu", engine: str = "auto", quantization: str | None = None,
                   threads: int = 0) -> "Translator":
         """:meth:`from_run` for one run; for several, their ensemble (PyTorch engine): at
         every step of the search the runs' log-probabilities are averaged. The runs must
