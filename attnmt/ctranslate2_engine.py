@@ -178,9 +178,10 @@ def _export_on_first_use(run: Path, folder: Path, quantization: str, checkpoint:
 def _export_info(folder: Path) -> dict:
     """``export.json`` of an export (absent from exports made before it existed: {})."""
     try:
-        return json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
+        info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return info if isinstance(info, dict) else {}
 
 
 def _full_attention(rows: np.ndarray, tokens: int, source_length: int) -> np.ndarray:
