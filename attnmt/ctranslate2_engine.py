@@ -78,6 +78,10 @@ class CTranslate2Engine:
         exported = (path / "model.bin").is_file()
         if quantization is None:
             quantization = _export_info(path).get("quantization", "int8") if exported else "int8"
+            if quantization not in QUANTIZATIONS:
+                raise UserError(f"{path / EXPORT_INFO} names the weight type {quantization!r}, which "
+                                f"attnmt does not know ({', '.join(QUANTIZATIONS)}); export the run "
+                                "again, or choose one with --quantization")
         if quantization not in QUANTIZATIONS:
             raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
         device = _device(device, ctranslate2)

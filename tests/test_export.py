@@ -138,6 +138,16 @@ def test_rnn_runs_missing_extra_and_non_empty_folders_are_refused(tiny_runs, tmp
         export_run(tiny_runs["transformer"], tmp_path / "other")
 
 
+def test_an_export_json_with_an_unknown_weight_type_is_refused_by_name(tiny_runs, tmp_path):
+    export_run(tiny_runs["transformer"], tmp_path / "export", "float32")
+    info = tmp_path / "export" / "export.json"
+    info.write_text(info.read_text().replace('"float32"', '"int4"'))
+    with pytest.raises(UserError, match=r"export\.json names the weight type 'int4', which attnmt "
+                                        r"does not know"):
+        Translator.from_run(tmp_path / "export")
+    assert Translator.from_run(tmp_path / "export", quantization="float32").translate(["sieben"])
+
+
 def test_cli_exports_once_and_translates_with_either_engine(tiny_runs, tmp_path):
     run = tiny_runs["transformer"]
 
