@@ -59,12 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     translate.set_defaults(handler=run_translate)
 
     synthesize = commands.add_parser(
-        "synthesize", help="translate text into synthetic pairs (back-translation, distillation)",
+        "synthesize",
+        help="translate text into synthetic pairs (back- and forward translation, distillation)",
         description="Translate a text in language L (-i) with a run (or ensemble) that translates "
                     "L into M, writing the pairs OUT.L (the text) and OUT.M (its translation), "
                     "line for line. Back-translation: a reverse model on target-language text, "
-                    "then train with --set 'data.synthetic=[OUT]'. Distillation: a teacher on the "
-                    "training sources, then train on OUT as the corpus. Resumable, in chunks.")
+                    "then train with --set 'data.synthetic=[OUT]'. Forward translation: the same "
+                    "with a model of the final direction on source-language text. Distillation: "
+                    "a teacher on the training sources, then train on OUT as the corpus. "
+                    "Resumable, in chunks.")
     add_decoding_options(synthesize, ensemble=True)
     synthesize.add_argument("-i", "--input", required=True, help="text file (.gz read too)")
     synthesize.add_argument("-o", "--output", required=True, metavar="OUT",
