@@ -65,6 +65,8 @@ class DataConfig:
                                       # pairs are repeated whole times, the synthetic ones cut to fit
     synthetic_tag: str = "<bt>"       # starts every synthetic source ('' for none); never added
                                       # at translation
+    synthetic_until: float = 1.0      # the fraction of the training budget after which the
+                                      # synthetic pairs leave: the rest trains on the real ones
     numbers_max: int = 99999          # numbers: integers drawn from 0..numbers_max
     numbers_train: int = 20000
     numbers_valid: int = 500
@@ -102,6 +104,11 @@ class DataConfig:
                  "cannot be combined; train one of the two")
         _require(self.synthetic_ratio > 0,
                  f"data.synthetic_ratio must be positive, got {self.synthetic_ratio}")
+        _require(0 < self.synthetic_until <= 1,
+                 f"data.synthetic_until must be in (0, 1], got {self.synthetic_until}")
+        _require(self.synthetic_until == 1 or self.synthetic,
+                 "data.synthetic_until needs data.synthetic: without synthetic pairs all training is "
+                 "on the real ones")
         _require(self.synthetic_tag == "" or (not any(c.isspace() for c in self.synthetic_tag)
                                               and not self.synthetic_tag.startswith("<2")),
                  f"data.synthetic_tag must be one word, not a language tag <2xx>; "
@@ -284,6 +291,10 @@ class Config:
                  or (self.model.arch == "transformer" and self.model.ffn_dropout),
                  "train.ffn_dropout_from_epoch only chooses when the Transformer's FFN dropout "
                  "starts; set model.ffn_dropout > 0 to use it")
+        _require(self.data.synthetic_until == 1 or self.train.max_minutes or self.train.max_steps
+                 or self.train.max_epochs,
+                 "data.synthetic_until is a fraction of the training budget; set train.max_minutes, "
+                 "train.max_steps or train.max_epochs")
 
     def to_dict(self) -> dict:
         """Plain nested dict (tuples as lists), ready for YAML."""

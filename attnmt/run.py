@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,6 +175,8 @@ class TrainingData:
     target_tokenizer: Tokenizer
     train: TokenizedSplit | BinarizedSplit
     valid: TokenizedSplit
+    real: TokenizedSplit | None = None    # the training pairs without the synthetic ones, read
+                                          # when data.synthetic_until ends them before the budget
 
 
 def prepare_data(config: Config, run: RunDirectory, cluster: Cluster | None = None) -> TrainingData:
@@ -204,6 +206,11 @@ def prepare_data(config: Config, run: RunDirectory, cluster: Cluster | None = No
                                              config.data.max_len)
     if cluster.is_main:
         say(report)
+    real_split = None
+    if config.data.synthetic_until < 1:
+        real_corpus = load_split(replace(config.data, synthetic=(), synthetic_until=1.0), "train")
+        real_split, _ = tokenize_split(real_corpus, source_tokenizer, target_tokenizer,
+                                       config.data.max_len)
     valid_split, _ = tokenize_split(load_split(config.data, "valid"), source_tokenizer,
                                     target_tokenizer)
-    return TrainingData(source_tokenizer, target_tokenizer, train_split, valid_split)
+    return TrainingData(source_tokenizer, target_tokenizer, train_split, valid_split, real_split)

@@ -57,6 +57,7 @@ class Progress:
     finished: bool = False               # stopped early: no improvement for `patience` validations
     world: int = 1                       # processes that trained the run (resume needs as many)
     pad_multiple: int = 0                # the batches' padding chosen at the start (0: unknown)
+    real_only_from_epoch: int | None = None  # the first pass without synthetic pairs (data.synthetic_until)
 
 
 class TrainingLoss(nn.Module):
@@ -228,6 +229,10 @@ class Trainer:
         if not self.train_config.pad_multiple and self.progress.pad_multiple:
             self.pad_multiple = self.progress.pad_multiple   # the automatic choice of another machine
         self.progress.pad_multiple = self.pad_multiple
+        if self.progress.real_only_from_epoch is not None and self.data.real is None:
+            raise UserError(f"{self.run.path} trains on its real pairs alone since pass "
+                            f"{self.progress.real_only_from_epoch} (data.synthetic_until); resume it "
+                            f"with the data.synthetic and data.synthetic_until it was trained with")
         if self.progress.world != self.cluster.world:
             raise UserError(f"{self.run.path} was trained by {self.progress.world} process(es); "
                             f"resume it with the same number, not {self.cluster.world}")
@@ -262,22 +267,43 @@ class Trainer:
         run directory, where every rank (and a resumed run) reads it: SentencePiece's sampler
         cannot be seeded across processes. Earlier epochs use the fixed segmentation."""
         data = self.config.data
+        real_only = self.progress.real_only_from_epoch
+        pairs = self.data.real if real_only is not None and epoch >= real_only else self.data.train
         if not data.subword_sampling or epoch < data.subword_sampling_from_epoch:
-            return self.data.train
+            return pairs
         if self.epoch_split is None or self.epoch_split[0] != epoch:
             path = self.run.segmentation(epoch)
             if self.cluster.is_main and not path.is_file():
                 path.parent.mkdir(exist_ok=True)
-                save_segmentation(resample_subwords(self.data.train, self.data.source_tokenizer,
+                save_segmentation(resample_subwords(pairs, self.data.source_tokenizer,
                                                     self.data.target_tokenizer,
                                                     data.subword_sampling, data.subword_nbest), path)
             barrier(self.cluster)
-            self.epoch_split = (epoch, load_segmentation(self.data.train, path))
+            self.epoch_split = (epoch, load_segmentation(pairs, path))
         return self.epoch_split[1]
+
+    def synthetic_ends_now(self) -> bool:
+        """Whether the budget used has reached ``data.synthetic_until`` with synthetic pairs
+        still in the mix. Decided from the progress alone, so a resumed run ends them at the
+        same batch as an unbroken one (with a step or pass budget)."""
+        return (self.data.real is not None and self.progress.real_only_from_epoch is None
+                and self.budget_progress() >= self.config.data.synthetic_until)
+
+    def end_synthetic(self) -> None:
+        """From the next pass on, train on the real pairs alone; the rest of the current
+        pass (if one is under way) is left out."""
+        if self.progress.batch_in_epoch:
+            self.progress.epoch, self.progress.batch_in_epoch = self.progress.epoch + 1, 0
+        self.progress.real_only_from_epoch = self.progress.epoch
+        if self.cluster.is_main:
+            say(f"step {self.progress.step}: {self.budget_progress():.0%} of the budget used, the "
+                f"synthetic pairs end; {len(self.data.real)} real pairs from pass {self.progress.epoch} on")
 
     def batch_stream(self):
         """This rank's training batches from the saved data position on, epoch after epoch."""
         while True:
+            if self.synthetic_ends_now():
+                self.end_synthetic()
             split = self.training_split(self.progress.epoch)
             batches = token_batches(split.src_lengths, split.tgt_lengths,
                                     self.train_config.batch_tokens, self.train_config.seed,
@@ -288,6 +314,8 @@ class Trainer:
                 self.progress.epoch, self.progress.batch_in_epoch = self.progress.epoch + 1, 0
                 continue
             for index in range(self.progress.batch_in_epoch, len(batches)):
+                if self.synthetic_ends_now():
+                    break
                 last = index + 1 == len(batches)       # a pass counts as done with its last batch
                 self.progress.epoch += last
                 self.progress.batch_in_epoch = 0 if last else index + 1

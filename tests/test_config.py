@@ -82,10 +82,21 @@ def test_ffn_dropout_start_needs_a_transformer_ffn_dropout(tmp_path, overrides):
     (dict(extra_src_langs=("fr", "fr")), r"each once; got \['fr', 'fr'\]"),
     (dict(extra_src_langs=("fr",), dataset="files", train="pairs.tsv"), r"data.extra_src_langs and extra_tgt_langs need one file per "
                                                        r"language \(pairs.tsv holds one language pair\)"),
+    (dict(synthetic=("bt",), synthetic_until=1.5), r"data.synthetic_until must be in \(0, 1\], got 1.5"),
+    (dict(synthetic=("bt",), synthetic_until=0.0), r"data.synthetic_until must be in \(0, 1\], got 0.0"),
+    (dict(synthetic_until=0.8), "data.synthetic_until needs data.synthetic"),
 ])
 def test_impossible_data_values(values, message):
     with pytest.raises(UserError, match=message):
         DataConfig(**values)
+
+
+def test_synthetic_until_needs_a_budget(tmp_path):
+    ending = ["data.synthetic=[bt]", "data.synthetic_until=0.8"]
+    with pytest.raises(UserError, match="data.synthetic_until is a fraction of the training budget; "
+                                        "set train.max_minutes"):
+        load_config(write(tmp_path, "{}"), ending)
+    load_config(write(tmp_path, "{}"), [*ending, "train.max_minutes=60"])
 
 
 def test_wrong_type_named(tmp_path):

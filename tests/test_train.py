@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from attnmt.checkpoint import load_weights, save_weights
 from attnmt.config import load_config
 from attnmt.data import UNK_ID
+from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer, train
@@ -136,6 +137,26 @@ def kill_after_step(run: Path, step: int, options: list[str]) -> dict[int, str]:
                                            "model.ffn_dropout=0.3", "train.ffn_dropout_from_epoch=5"]],
                          ids=["noam", "wsd-ema-pad8-worddrop-rdrop-adamw-lateffndrop"])
 def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
+    assert_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings)
+
+
+def synthetic_numbers(tmp_path: Path) -> str:
+    """A synthetic corpus for the tiny config: 300 number pairs other than its training ones
+    (seed 7); returns its prefix."""
+    corpus = numbers_corpus("train", "de", "en", 999, {"train": 300, "valid": 0, "test": 0}, 7)
+    for lang, lines in (("de", corpus.source), ("en", corpus.target)):
+        (tmp_path / f"synthetic.{lang}").write_text("\n".join(lines) + "\n")
+    return str(tmp_path / "synthetic")
+
+
+def test_resume_across_the_end_of_the_synthetic_pairs_is_exact(tiny_config, tmp_path):
+    """The kill (after step 70) and the checkpoint it resumes from (step 50) lie on either side
+    of the end of the synthetic pairs (step 60 of 200)."""
+    assert_resume_after_sigkill_is_exact(tiny_config, tmp_path, [
+        f"data.synthetic=[{synthetic_numbers(tmp_path)}]", "data.synthetic_until=0.3"])
+
+
+def assert_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     options = [argument for setting in settings for argument in ("--set", setting)]
     reference = attnmt("train", str(tiny_config), "--run", str(tmp_path / "reference"), *options)
     assert reference.wait(timeout=300) == 0, reference.stderr.read()
@@ -158,6 +179,31 @@ def test_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
     columns = ["step", "progress", "lr", "valid_bleu", "ema_valid_bleu"]
     assert [[row[c] for c in columns] for row in read_log(killed_run)] == \
         [[row[c] for c in columns] for row in read_log(tmp_path / "reference")]
+
+
+def test_synthetic_pairs_end_at_synthetic_until_then_each_real_pair_trains_once_a_pass(tiny_config,
+                                                                                       tmp_path):
+    config = load_config(tiny_config, [f"data.synthetic=[{synthetic_numbers(tmp_path)}]",
+                                       "data.synthetic_until=0.3", "train.max_steps=80"])
+    trainer = trainer_for(config, tmp_path / "run")
+    tag = trainer.data.source_tokenizer.processor.piece_to_id("<bt>")
+    stream, before, after = trainer.batch_stream(), [], []
+    for step in range(24 + len(trainer.data.real) // 3):
+        batch = next(stream)
+        (before if step < 24 else after).append(batch)
+        trainer.progress.step += 1          # 24 of 80 steps end them, in the second pass (20 a pass)
+    assert any((batch.src == tag).any() for batch in before)
+    assert not any((batch.src == tag).any() for batch in after)
+    first_real_pass = trainer.progress.real_only_from_epoch
+    assert first_real_pass == 2 and trainer.progress.epoch > first_real_pass   # the rest of pass 1 left out
+    real_pass = [index for batch in after for index in batch.indices][:len(trainer.data.real)]
+    assert sorted(real_pass) == list(range(len(trainer.data.real)))   # each real pair once
+    assert len(trainer.data.real) == 600 and len(trainer.data.train) == 900
+
+    trainer.save_checkpoint(None)
+    without = load_config(tiny_config, [f"data.synthetic=[{synthetic_numbers(tmp_path)}]"])
+    with pytest.raises(UserError, match="real pairs alone since pass 2 .*data.synthetic_until"):
+        Trainer(without, trainer.run, prepare_data(without, trainer.run)).resume()
 
 
 @pytest.mark.parametrize("weight_decay_on", ["all", "matrices"])
