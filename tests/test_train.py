@@ -149,11 +149,12 @@ def synthetic_numbers(tmp_path: Path) -> str:
     return str(tmp_path / "synthetic")
 
 
-def test_resume_across_the_end_of_the_synthetic_pairs_is_exact(tiny_config, tmp_path):
-    """The kill (after step 70) and the checkpoint it resumes from (step 50) lie on either side
-    of the end of the synthetic pairs (step 60 of 200)."""
+@pytest.mark.parametrize("until", [0.2, 0.3], ids=["ended-before-the-checkpoint", "ending-after-it"])
+def test_resume_around_the_end_of_the_synthetic_pairs_is_exact(tiny_config, tmp_path, until):
+    """The synthetic pairs end at step 40 (0.2 of 200: the resumed run starts on the real pairs
+    alone) or 60 (0.3: it ends them again); the run resumes from step 50, killed after 70."""
     assert_resume_after_sigkill_is_exact(tiny_config, tmp_path, [
-        f"data.synthetic=[{synthetic_numbers(tmp_path)}]", "data.synthetic_until=0.3"])
+        f"data.synthetic=[{synthetic_numbers(tmp_path)}]", f"data.synthetic_until={until}"])
 
 
 def assert_resume_after_sigkill_is_exact(tiny_config, tmp_path, settings):
