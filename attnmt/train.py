@@ -229,10 +229,6 @@ class Trainer:
         if not self.train_config.pad_multiple and self.progress.pad_multiple:
             self.pad_multiple = self.progress.pad_multiple   # the automatic choice of another machine
         self.progress.pad_multiple = self.pad_multiple
-        if self.progress.real_only_from_epoch is not None and self.data.real is None:
-            raise UserError(f"{self.run.path} trains on its real pairs alone since pass "
-                            f"{self.progress.real_only_from_epoch} (data.synthetic_until); resume it "
-                            f"with the data.synthetic and data.synthetic_until it was trained with")
         if self.progress.world != self.cluster.world:
             raise UserError(f"{self.run.path} was trained by {self.progress.world} process(es); "
                             f"resume it with the same number, not {self.cluster.world}")

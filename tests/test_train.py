@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnmt.checkpoint import load_weights, save_weights
-from attnmt.config import load_config
+from attnmt.config import load_config, save_config
 from attnmt.data import UNK_ID
 from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
@@ -202,9 +202,9 @@ def test_synthetic_pairs_end_at_synthetic_until_then_each_real_pair_trains_once_
     assert len(trainer.data.real) == 600 and len(trainer.data.train) == 900
 
     trainer.save_checkpoint(None)
-    without = load_config(tiny_config, [f"data.synthetic=[{synthetic_numbers(tmp_path)}]"])
-    with pytest.raises(UserError, match="real pairs alone since pass 2 .*data.synthetic_until"):
-        Trainer(without, trainer.run, prepare_data(without, trainer.run)).resume()
+    save_config(config, trainer.run.config)
+    with pytest.raises(UserError, match=r"data.synthetic_until \(0.3 saved, 1.0 now\)"):
+        train(tiny_config, trainer.run.path, [f"data.synthetic=[{synthetic_numbers(tmp_path)}]"])
 
 
 @pytest.mark.parametrize("weight_decay_on", ["all", "matrices"])
