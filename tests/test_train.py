@@ -325,7 +325,8 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
 def test_padding_follows_the_precision_model_and_cpu_unless_set(tiny_config, tmp_path, monkeypatch, amx):
     """fp32 and RNNs keep exact lengths; a bf16 Transformer pads to 8 on a CPU with AMX and
     keeps exact lengths on one without; a set multiple pads every training and validation
-    batch."""
+    batch. The CPU is taken to have AVX-512 BF16, so bf16 is allowed on any machine."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     exact = trainer_for(load_config(tiny_config), tmp_path / "exact")
     assert exact.pad_multiple == 1
@@ -343,7 +344,8 @@ def test_padding_follows_the_precision_model_and_cpu_unless_set(tiny_config, tmp
 
 def test_resume_keeps_the_padding_chosen_at_the_start(tiny_config, tmp_path, monkeypatch):
     """A bf16 run started on a CPU with AMX (padded) and resumed on one without keeps its
-    batches; an explicit multiple on resume wins."""
+    batches; an explicit multiple on resume wins. Both CPUs are taken to have AVX-512 BF16."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     config = load_config(tiny_config, ["train.precision=bf16", "train.max_steps=2",
                                        "train.validate_every=1"])
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
