@@ -65,6 +65,7 @@ class CTranslate2Engine:
         self.attention_grid = (1, 1)                # last layer, heads averaged
         self.has_self_attention = False
         self.max_source_tokens = model.max_positions - 1          # EOS takes one position
+        self.max_output_tokens = model.max_positions              # EOS included
         self.target_ids = {target_tokenizer.id_to_piece(i): i for i in range(target_tokenizer.vocab_size)}
 
     @classmethod
@@ -114,7 +115,7 @@ class CTranslate2Engine:
         if options.sampling is not None:
             raise UserError("sampling runs on the PyTorch engine only (--engine torch): its "
                             "samples are repeatable per sentence, the C++ engine's are not")
-        limits = [max(1, int(len(ids) * options.max_len_a + options.max_len_b)) for ids in sources]
+        limits = [options.output_limit(len(ids)) for ids in sources]
         order = sorted(range(len(sources)), key=lambda i: limits[i])
         results: list[list[Hypothesis]] = [[] for _ in sources]
         submitted = []

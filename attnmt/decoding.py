@@ -14,6 +14,12 @@ import numpy as np
 
 from attnmt.errors import UserError
 
+# The smallest sampling temperature. Search divides float32 log-probabilities, shifted so
+# that the best is 0, by the temperature as a float32: below float32's smallest normal
+# number (1.2e-38) the temperature turns into a denormal or 0, and 0 / 0 is NaN; from here
+# on the best token stays at 0 and the others at most overflow to -inf (probability 0).
+MIN_TEMPERATURE = 1e-37
+
 
 @dataclass
 class Hypothesis:
@@ -34,8 +40,9 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self):
-        if not 0.0 < self.temperature < float("inf"):
-            raise UserError(f"temperature must be positive, got {self.temperature}")
+        if not MIN_TEMPERATURE <= self.temperature < float("inf"):
+            raise UserError(f"temperature must be at least {MIN_TEMPERATURE:g} (below it every "
+                            f"score overflows), got {self.temperature:g}")
         if self.top_k < 0:
             raise UserError(f"top-k must be >= 0 (0: all tokens), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -54,3 +61,16 @@ class SearchOptions:
     min_len: int
     need_attention: bool
     sampling: Sampling | None = None
+    max_output: int | None = None           # the model's longest output (EOS included); None: any
+
+    def output_limit(self, source_tokens: int) -> int:
+        """See :func:`output_limit`."""
+        return output_limit(source_tokens, self.max_len_a, self.max_len_b, self.max_output)
+
+
+def output_limit(source_tokens: int, a: float, b: int, longest: int | None = None) -> int:
+    """The most output tokens (EOS included) the search may write for a source of
+    ``source_tokens`` pieces (tags counted, EOS not): ``a * source_tokens + b``, at least 1,
+    and at most ``longest``, the positions of the model's decoder (None: no bound)."""
+    limit = max(1, int(source_tokens * a + b))
+    return limit if longest is None else min(limit, longest)

@@ -7,7 +7,8 @@
   ``index_select``, so search never looks at the model type. Attention has one shape
   for every model, ``(B, layers, heads, S)``: an RNN is one layer with one head.
 * ``attention_grid`` (``(layers, heads)`` or None without attention),
-  ``has_self_attention`` and ``max_source_tokens`` say what the model can do, so the
+  ``has_self_attention``, ``max_source_tokens`` and ``max_output_tokens`` say what the
+  model can do, so the
   translator, plots and the server never ask which architecture it is.
 """
 
@@ -30,13 +31,15 @@ class Seq2Seq(nn.Module):
 
     def __init__(self, encoder: nn.Module, decoder: nn.Module, generator: nn.Linear, *,
                  description: str, attention_grid: tuple[int, int] | None,
-                 has_self_attention: bool, max_source_tokens: int | None):
+                 has_self_attention: bool, max_source_tokens: int | None,
+                 max_output_tokens: int | None = None):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
         self.description = description                # e.g. "Transformer, 3+3 layers, 4 heads"
         self.attention_grid = attention_grid          # (layers, heads) of decode_step's attention
         self.has_self_attention = has_self_attention  # encoder and decoder self-attention to show
         self.max_source_tokens = max_source_tokens    # longest source without EOS; None: any
+        self.max_output_tokens = max_output_tokens    # longest output with EOS; None: any
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
         """``src (B, S)``, ``src_mask (B, 1, S)`` -> memory (RNNMemory or TransformerMemory)."""
@@ -100,7 +103,8 @@ def _abilities(config: ModelConfig) -> dict:
         return dict(description=f"Transformer, {config.encoder_layers}+{config.decoder_layers} "
                                 f"layers, {config.heads} heads",
                     attention_grid=(config.decoder_layers, config.heads), has_self_attention=True,
-                    max_source_tokens=config.max_positions - 1)             # EOS takes one
+                    max_source_tokens=config.max_positions - 1,             # EOS takes one
+                    max_output_tokens=config.max_positions)     # BOS and all but EOS read
     if config.decoder == "none":
         return dict(description=f"RNN, {config.cell.upper()}, no attention", attention_grid=None,
                     has_self_attention=False, max_source_tokens=None)

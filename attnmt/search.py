@@ -15,32 +15,41 @@ import numpy as np
 import torch
 
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID
-from attnmt.decoding import Hypothesis, Sampling
+from attnmt.decoding import Hypothesis, Sampling, output_limit
 
 
-def max_output_lengths(src_mask: torch.Tensor, a: float, b: int) -> torch.Tensor:
-    """``(B,)`` maximum output lengths ``a * source length + b`` (source EOS not counted)."""
-    source_lengths = src_mask.sum(-1).squeeze(1) - 1
-    return (source_lengths.float() * a + b).long().clamp_min(1)
+def max_output_lengths(src_mask: torch.Tensor, a: float, b: int,
+                       longest: int | None = None) -> torch.Tensor:
+    """``(B,)`` maximum output lengths: :func:`attnmt.decoding.output_limit` of each source."""
+    source_lengths = (src_mask.sum(-1).squeeze(1) - 1).tolist()
+    return torch.tensor([output_limit(length, a, b, longest) for length in source_lengths])
 
 
 @torch.no_grad()
 def greedy_search(model, src: torch.Tensor, src_mask: torch.Tensor, max_len_a: float = 1.5,
                   max_len_b: int = 10, min_len: int = 0, need_attention: bool = False,
-                  prefixes: list[list[int]] | None = None) -> list[Hypothesis]:
+                  prefixes: list[list[int]] | None = None, longest: int | None = None
+                  ) -> list[Hypothesis]:
     """Argmax at each step, feeding the output back in. One hypothesis per source sentence.
 
     ``src (B, S)``, ``src_mask (B, 1, S)``. A sentence stops at EOS, which is forced at its
-    maximum length (``max_len_a * source length + max_len_b`` tokens, EOS included).
-    ``prefixes``: per sentence, the output tokens it must start with (see :func:`force_prefix`).
+    maximum length (``max_len_a * source length + max_len_b`` tokens, EOS included, at most
+    ``longest``: the model's positions). ``prefixes``: per sentence, the output tokens it
+    must start with (see :func:`force_prefix`).
     """
-    return _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
-                     lambda log_probs, rows, step: log_probs.argmax(dim=-1), prefixes)
+    return _one_path(model, src, src_mask, (max_len_a, max_len_b, longest), min_len,
+                     need_attention, lambda log_probs, rows, step: log_probs.argmax(dim=-1),
+                     prefixes)
 
 
 def sampling_distribution(log_probs: torch.Tensor, sampling: Sampling) -> torch.Tensor:
-    """``log_probs (N, V)`` -> the probabilities to sample from ``(N, V)``, rows summing to 1."""
-    probs = torch.softmax(log_probs / sampling.temperature, dim=-1)
+    """``log_probs (N, V)`` -> the probabilities to sample from ``(N, V)``, rows summing to 1.
+
+    In float32, the best token shifted to 0 before dividing by the temperature, so that a
+    temperature down to :data:`attnmt.decoding.MIN_TEMPERATURE` leaves it finite."""
+    log_probs = log_probs.float()
+    best = log_probs.max(dim=-1, keepdim=True).values
+    probs = torch.softmax((log_probs - best) / sampling.temperature, dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     keep = torch.ones_like(sorted_probs, dtype=torch.bool)
     if sampling.top_k:
@@ -54,8 +63,8 @@ def sampling_distribution(log_probs: torch.Tensor, sampling: Sampling) -> torch.
 @torch.no_grad()
 def sample_search(model, src: torch.Tensor, src_mask: torch.Tensor, sampling: Sampling = Sampling(),
                   samples: int = 1, max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0,
-                  need_attention: bool = False,
-                  prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                  need_attention: bool = False, prefixes: list[list[int]] | None = None,
+                  longest: int | None = None) -> list[list[Hypothesis]]:
     """``samples`` outputs per source sentence, drawn token by token from
     :func:`sampling_distribution`; each sentence's list is sorted by log-probability.
 
@@ -80,8 +89,8 @@ def sample_search(model, src: torch.Tensor, src_mask: torch.Tensor, sampling: Sa
 
     if prefixes is not None:
         prefixes = [prefix for prefix in prefixes for _ in range(samples)]
-    found = _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention, pick,
-                      prefixes)
+    found = _one_path(model, src, src_mask, (max_len_a, max_len_b, longest), min_len,
+                      need_attention, pick, prefixes)
     return [sorted(found[i * samples:(i + 1) * samples], key=lambda h: -h.log_prob)
             for i in range(batch)]
 
@@ -92,13 +101,14 @@ def _generator(seed: int, source: list[int], number: int) -> np.random.Generator
     return np.random.default_rng([seed, zlib.crc32(tokens.tobytes()), number])
 
 
-def _one_path(model, src, src_mask, max_len_a, max_len_b, min_len, need_attention,
+def _one_path(model, src, src_mask, length_rule, min_len, need_attention,
               pick, prefixes=None) -> list[Hypothesis]:
     """Decode one output per row, choosing each token with ``pick(log_probs (N, V), original
-    rows, step) -> (N,)``. Ended rows leave the batch once they are a quarter of it, not
-    one by one: every batch size is a new matrix shape, and bf16 kernels are built per shape."""
+    rows, step) -> (N,)``; ``length_rule``: ``(a, b, longest)`` of :func:`max_output_lengths`.
+    Ended rows leave the batch once they are a quarter of it, not one by one: every batch
+    size is a new matrix shape, and bf16 kernels are built per shape."""
     memory = model.encode(src, src_mask)
-    limits = max_output_lengths(src_mask, max_len_a, max_len_b)
+    limits = max_output_lengths(src_mask, *length_rule)
     batch = src.size(0)
     rows = torch.arange(batch)                         # original row of each current row
     done = torch.zeros(batch, dtype=torch.bool)        # rows whose sentence has ended
@@ -162,20 +172,49 @@ class _Beams:
     sentences: list[int]                  # original index of each live sentence, in row order
     cumulative: torch.Tensor              # (N, K) summed log-probabilities
     history: torch.Tensor                 # (N * K, t) tokens so far (N rows at the first step)
-    attention: torch.Tensor | None        # (N * K, t, ...) attention so far
+
+
+class _AttentionSteps:
+    """The attention of every step, kept once: ``maps[t]`` is ``(rows at step t, ...)`` and
+    ``parents[t]`` the row of step t that each row of step t + 1 extends. A hypothesis's
+    attention is read back along its parents when it is returned, so the search never
+    copies a growing history (which cost beam x length^2 maps per sentence)."""
+
+    def __init__(self):
+        self.maps: list[torch.Tensor] = []
+        self.parents: list[torch.Tensor] = []
+
+    def of(self, step: int, row: int) -> torch.Tensor:
+        """``(step + 1, ...)``: the attention of the hypothesis in ``row`` at ``step``."""
+        maps = []
+        for t in range(step, -1, -1):
+            maps.append(self.maps[t][row])
+            if t:
+                row = int(self.parents[t - 1][row])
+        return torch.stack(maps[::-1]).cpu()
+
+
+@dataclass
+class _Finished:
+    hypothesis: Hypothesis
+    step: int                             # where its attention ends (see _AttentionSteps.of)
+    row: int
 
 
 @torch.no_grad()
 def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5, alpha: float = 0.6,
                 max_len_a: float = 1.5, max_len_b: int = 10, min_len: int = 0, n_best: int = 1,
                 need_attention: bool = False, prefixes: list[list[int]] | None = None,
-                trace: list[list[dict]] | None = None) -> list[list[Hypothesis]]:
+                trace: list[list[dict]] | None = None,
+                longest: int | None = None) -> list[list[Hypothesis]]:
     """Beam search batched over sentences and beams; the ``n_best`` best hypotheses per sentence.
 
     Hypotheses are ranked by ``log P(y|x) / length_penalty(|y|, alpha)``, ``|y|`` counting
     EOS. A sentence stops searching once ``n_best`` hypotheses are finished and no live
     one can beat them any more (its log-probability can only fall, and the penalty is at
-    most that of the maximum length); then its rows leave the batch.
+    most that of the maximum length); then its rows leave the batch. Only the ``n_best``
+    best finished hypotheses are kept as it goes. Outputs are at most ``longest`` tokens
+    (the model's positions) and :func:`max_output_lengths`.
 
     ``prefixes``: per sentence, the output tokens every hypothesis starts with.
     ``trace``: one empty list per sentence, filled with a dict per step of its search
@@ -183,13 +222,14 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
     """
     batch, k = src.size(0), beam
     memory = model.encode(src, src_mask)
-    limits = max_output_lengths(src_mask, max_len_a, max_len_b).tolist()
+    limits = max_output_lengths(src_mask, max_len_a, max_len_b, longest).tolist()
     # The first step has one live beam per sentence: it runs on the sentences alone (width
     # 1), and state and memory are tiled to k rows per sentence afterwards.
     width = 1
     beams = _Beams(list(range(batch)), torch.zeros(batch, 1, device=src.device),
-                   torch.empty(batch, 0, dtype=torch.long, device=src.device), None)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+                   torch.empty(batch, 0, dtype=torch.long, device=src.device))
+    attention_steps = _AttentionSteps()
+    finished: list[list[_Finished]] = [[] for _ in range(batch)]
     prev = torch.full((batch,), BOS_ID, dtype=torch.long, device=src.device)
     state = None
     for step in range(max(limits)):
@@ -199,9 +239,7 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
         if prefixes is not None:
             log_probs = force_prefix(log_probs, step, [prefixes[s] for s in beams.sentences])
         if attention is not None:
-            step_attention = attention.float().unsqueeze(1)
-            beams.attention = step_attention if beams.attention is None else \
-                torch.cat([beams.attention, step_attention], dim=1)
+            attention_steps.maps.append(attention.float())
         scores, origins, tokens = top_candidates(beams.cumulative, log_probs, 2 * k)
         rows, next_tokens, next_scores, keep = _advance(beams, scores, origins, tokens, step, k,
                                                         width, alpha, limits, n_best, finished,
@@ -209,6 +247,7 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
         if not keep:
             break
         rows = torch.tensor(rows, device=src.device)
+        attention_steps.parents.append(rows)
         state = state.index_select(rows)
         if width == 1 or len(keep) < len(beams.sentences):     # tile, or drop finished sentences
             first_rows = torch.tensor(keep, device=src.device) * width    # a sentence's rows are equal
@@ -217,9 +256,12 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
         prev = torch.tensor(next_tokens, device=src.device)
         beams = _Beams([beams.sentences[i] for i in keep],
                        torch.tensor(next_scores, device=src.device).view(len(keep), k),
-                       torch.cat([beams.history[rows], prev.unsqueeze(1)], dim=1),
-                       None if beams.attention is None else beams.attention[rows])
-    return [sorted(hypotheses, key=lambda h: -h.score)[:n_best] for hypotheses in finished]
+                       torch.cat([beams.history[rows], prev.unsqueeze(1)], dim=1))
+    for ended in finished:
+        for item in ended:
+            if attention_steps.maps:
+                item.hypothesis.attention = attention_steps.of(item.step, item.row)
+    return [[item.hypothesis for item in ended] for ended in finished]
 
 
 def _constrain(log_probs: torch.Tensor, step: int, min_len: int, limits: list[int]) -> torch.Tensor:
@@ -245,6 +287,7 @@ def _advance(beams: _Beams, scores, origins, tokens, step, k, width, alpha, limi
     list gets ``{"step", "kept", "pruned", "finished"}``: the extensions kept, those left
     out among the ``2k`` best, and the hypotheses finished at this step, each as
     ``(tokens, score)`` (a finished one's score length-normalised, as it is ranked).
+    ``finished`` keeps each sentence's ``n_best`` best, best first.
     """
     rows, next_tokens, next_scores, keep = [], [], [], []
     scores, origins, tokens = scores.tolist(), origins.tolist(), tokens.tolist()
@@ -260,7 +303,8 @@ def _advance(beams: _Beams, scores, origins, tokens, step, k, width, alpha, limi
                 ended.append(_finished(beams, row, score, step, alpha))
             else:
                 live.append((row, token, score))
-        finished[sentence] += ended
+        finished[sentence] = sorted(finished[sentence] + ended,
+                                    key=lambda item: -item.hypothesis.score)[:n_best]
         if trace is not None:
             trace[sentence].append(_trace_step(beams, step, live, pruned, ended))
         if live and not _sentence_done(finished[sentence], live[0][2], limits[sentence], alpha,
@@ -280,7 +324,7 @@ def _trace_step(beams: _Beams, step: int, live, pruned, ended) -> dict:
 
     return {"step": step, "kept": [extension(*candidate) for candidate in live],
             "pruned": [extension(*candidate) for candidate in pruned],
-            "finished": [(hypothesis.tokens, hypothesis.score) for hypothesis in ended]}
+            "finished": [(item.hypothesis.tokens, item.hypothesis.score) for item in ended]}
 
 
 def force_prefix(log_probs: torch.Tensor, step: int, prefixes: list[list[int]]) -> torch.Tensor:
@@ -298,16 +342,15 @@ def force_prefix(log_probs: torch.Tensor, step: int, prefixes: list[list[int]]) 
     return log_probs
 
 
-def _finished(beams: _Beams, row: int, score: float, step: int, alpha: float) -> Hypothesis:
-    attention = None if beams.attention is None else beams.attention[row].cpu()
-    return Hypothesis(beams.history[row].tolist(), score / length_penalty(step + 1, alpha), score,
-                      attention)
+def _finished(beams: _Beams, row: int, score: float, step: int, alpha: float) -> _Finished:
+    return _Finished(Hypothesis(beams.history[row].tolist(), score / length_penalty(step + 1, alpha),
+                                score), step, row)
 
 
-def _sentence_done(finished: list[Hypothesis], best_live: float, limit: int, alpha: float,
+def _sentence_done(finished: list[_Finished], best_live: float, limit: int, alpha: float,
                    n_best: int) -> bool:
-    """Done when n_best hypotheses are finished and the best live one cannot overtake them."""
+    """Done when n_best hypotheses are finished (best first) and the best live one cannot
+    overtake them."""
     if len(finished) < n_best:
         return False
-    nth_best = sorted(h.score for h in finished)[-n_best]
-    return best_live / length_penalty(limit, alpha) <= nth_best
+    return best_live / length_penalty(limit, alpha) <= finished[n_best - 1].hypothesis.score

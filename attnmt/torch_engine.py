@@ -44,8 +44,8 @@ class Ensemble(nn.Module):
         grids = {model.attention_grid for model in models}
         self.attention_grid = first.attention_grid if len(grids) == 1 else (1, 1)
         self.has_self_attention = False              # one map per model: nothing to combine
-        limits = [model.max_source_tokens for model in models if model.max_source_tokens]
-        self.max_source_tokens = min(limits) if limits else None
+        self.max_source_tokens = _shortest(model.max_source_tokens for model in models)
+        self.max_output_tokens = _shortest(model.max_output_tokens for model in models)
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> Parts:
         return Parts([model.encode(src, src_mask) for model in self.models])
@@ -71,6 +71,12 @@ class Ensemble(nn.Module):
         return sum(model.num_parameters() for model in self.models)
 
 
+def _shortest(limits) -> int | None:
+    """The smallest of the models' limits (None: they have none)."""
+    limits = [limit for limit in limits if limit is not None]
+    return min(limits) if limits else None
+
+
 class TorchEngine:
     """attnmt's own model (or ensemble) and search in PyTorch."""
     name = "torch"
@@ -83,6 +89,7 @@ class TorchEngine:
         self.description, self.attention_grid = model.description, model.attention_grid
         self.has_self_attention = model.has_self_attention
         self.max_source_tokens = model.max_source_tokens
+        self.max_output_tokens = model.max_output_tokens
 
     @classmethod
     def from_runs(cls, paths: list[str | Path], checkpoint: str, precision: str,
@@ -109,21 +116,24 @@ class TorchEngine:
         ``traces``: one list per source to fill with the beam search's steps."""
         src, src_mask = (tensor.to(self.device) for tensor in source_tensor(sources))
         lengths = (options.max_len_a, options.max_len_b, options.min_len)
+        longest = options.max_output
         with torch.inference_mode(), self._autocast():
             if options.sampling is not None:
                 found = sample_search(self.model, src, src_mask, options.sampling, options.n_best,
-                                      *lengths, options.need_attention, prefixes)
+                                      *lengths, options.need_attention, prefixes, longest=longest)
             elif options.beam == 1 and traces is None:
                 found = [[h] for h in greedy_search(self.model, src, src_mask, *lengths,
-                                                    options.need_attention, prefixes)]
+                                                    options.need_attention, prefixes,
+                                                    longest=longest)]
             else:
                 found = beam_search(self.model, src, src_mask, options.beam, options.alpha,
                                     *lengths, options.n_best, options.need_attention, prefixes,
-                                    traces)
-        for hypotheses in found:
-            for hypothesis in hypotheses:
+                                    traces, longest=longest)
+        for source, hypotheses in zip(sources, found):
+            for hypothesis in hypotheses:           # the source's own columns, not the padding
                 if hypothesis.attention is not None:
-                    hypothesis.attention = hypothesis.attention.float().cpu().numpy()
+                    columns = hypothesis.attention[..., :len(source) + 1]
+                    hypothesis.attention = columns.float().cpu().numpy()
         return found
 
     @torch.inference_mode()

@@ -555,7 +555,8 @@ def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, con
         src, src_mask = source_tensor([split.sources[i] for i in indices])
         with autocast():
             results = greedy_search(model, src.to(device), src_mask.to(device),
-                                    config.decode.max_len_a, config.decode.max_len_b)
+                                    config.decode.max_len_a, config.decode.max_len_b,
+                                    longest=model.max_output_tokens)
         for index, hypothesis in zip(indices, results):
             hypotheses[index] = target_tokenizer.decode(hypothesis.tokens)
     return corpus_bleu(hypotheses, split.corpus.target)

@@ -13,7 +13,7 @@ from attnmt.errors import UserError
 from attnmt.search import (Sampling, beam_search, greedy_search, length_penalty, sample_search,
                            sampling_distribution, top_candidates)
 
-from conftest import make_model, toy_batch
+from conftest import SMALL_TRANSFORMER, VOCAB, make_model, toy_batch
 
 SEARCH_ARCHS = ["transformer-post", "bahdanau-additive", "luong-general", "rnn-none-gru"]
 
@@ -324,9 +324,47 @@ def test_edge_draws_never_pick_a_token_without_mass(monkeypatch, top_p, draw, fi
 
 
 def test_bad_sampling_settings_are_refused():
-    for settings, message in ((dict(temperature=0.0), "temperature must be positive"),
+    for settings, message in ((dict(temperature=0.0), "temperature must be at least 1e-37"),
+                              (dict(temperature=1e-300), "temperature must be at least 1e-37"),
                               (dict(top_k=-1), "top-k must be >= 0"),
                               (dict(top_p=0.0), r"top-p must be in \(0, 1\]"),
                               (dict(top_p=1.5), r"top-p must be in \(0, 1\]")):
         with pytest.raises(UserError, match=message):
             Sampling(**settings)
+
+
+def test_the_smallest_temperature_samples_the_greedy_output():
+    # 1e-300 was garbage ("nnnn"): every score overflowed. At the bound the best token stays
+    # finite, so sampling is greedy, with a forced (unlikely) prefix token too.
+    from attnmt.decoding import MIN_TEMPERATURE
+
+    model = make_model("transformer-post")
+    src, src_mask, _, _ = toy_batch()
+    coldest = Sampling(temperature=MIN_TEMPERATURE, seed=5)
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5)
+    sampled = sample_search(model, src, src_mask, coldest, max_len_a=1.0, max_len_b=5)
+    assert [s.tokens for (s,) in sampled] == [g.tokens for g in greedy]
+    prefixes = [[4, 4], [5], [6]]
+    forced = sample_search(model, src, src_mask, coldest, max_len_a=1.0, max_len_b=5,
+                           prefixes=prefixes)
+    greedy = greedy_search(model, src, src_mask, max_len_a=1.0, max_len_b=5, prefixes=prefixes)
+    assert [s.tokens for (s,) in forced] == [g.tokens for g in greedy]
+    assert all(math.isfinite(s.log_prob) for (s,) in forced)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_outputs_stop_at_the_model_positions(search):
+    # 1.5 x 6 + 10 = 19 tokens would pass a decoder of 8 positions and fail after decoding.
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**SMALL_TRANSFORMER, "max_positions": 8}), VOCAB,
+                        VOCAB).eval()
+    src = torch.tensor([[4, 5, 6, 7, 8, 9, EOS_ID]])
+    mask = padding_mask(src, PAD_ID)
+    lengths = dict(max_len_a=1.5, max_len_b=10, longest=model.max_output_tokens)
+    if search == "greedy":
+        (found,) = greedy_search(model, src, mask, **lengths)
+    elif search == "beam":
+        ((found, *_),) = beam_search(model, src, mask, beam=3, alpha=10.0, n_best=2, **lengths)
+    else:
+        ((found,),) = sample_search(model, src, mask, Sampling(temperature=5.0), **lengths)
+    assert model.max_output_tokens == 8 and len(found.tokens) + 1 <= 8
