@@ -159,18 +159,9 @@ class Translator:
         beam = decode.beam if beam is None else beam
         if sampling is None and not 1 <= n_best <= beam:
             raise UserError(f"n-best ({n_best}) must be between 1 and the beam size ({beam})")
-        options = SearchOptions(beam, decode.alpha if alpha is None else alpha, n_best,
-                                decode.max_len_a, decode.max_len_b, decode.min_len,
-                                need_attention, sampling)
-        tag = self.source_tag(target_lang)
-        tagged = [f"{tag} {text}" if tag and self.source_tokenizer.normalize(text) else text
-                  for text in texts]
-        sources = self.source_tokenizer.encode_batch(tagged)
-        limit = self.engine.max_source_tokens
-        for number, ids in enumerate(sources, start=1):
-            if limit is not None and len(ids) > limit:
-                raise UserError(f"input {number} has {len(ids)} tokens; this model accepts at most "
-                                f"{limit}")
+        options = self.search_options(beam, n_best, alpha, need_attention, sampling)
+        sources = self.source_ids(texts, target_lang)
+        self.check_lengths(sources)
         prefixes = self.prefix_ids(prefix, sources) if prefix is not None else None
         if trace:
             self.check_trace(sampling)
@@ -185,12 +176,43 @@ class Translator:
                                        [traces[i] for i in indices] if trace else None)
             for index, hypotheses in zip(indices, found):
                 results[index] = hypotheses
-        tag_tokens = len(self.source_tokenizer.pieces(tag)) if tag else 0
-        return [Translation(text, self.source_tokenizer.pieces(tagged[i]) if sources[i] else [],
+        tag = self.source_tag(target_lang)
+        return [Translation(text, ([tag] if tag else []) + self.source_tokenizer.pieces(text)
+                            if sources[i] else [],
                             [self._describe(h) for h in results[i]],
-                            tag_tokens if sources[i] else 0, sources[i],
+                            int(bool(tag)) if sources[i] else 0, sources[i],
                             self._steps(traces[i]) if trace else None)
                 for i, text in enumerate(texts)]
+
+    def search_options(self, beam: int | None = None, n_best: int = 1, alpha: float | None = None,
+                       need_attention: bool = False,
+                       sampling: Sampling | None = None) -> SearchOptions:
+        """How :meth:`translate` searches: the run's ``decode`` settings where not given,
+        outputs at most as long as the model's positions."""
+        decode = self.config.decode
+        return SearchOptions(decode.beam if beam is None else beam,
+                             decode.alpha if alpha is None else alpha, n_best, decode.max_len_a,
+                             decode.max_len_b, decode.min_len, need_attention, sampling,
+                             self.engine.max_output_tokens)
+
+    def source_ids(self, texts: list[str], target_lang: str | None = None) -> list[list[int]]:
+        """The ids the model reads for each text: the target-language tag of a one-to-many
+        run, then the text, a tag typed in it read as text; [] for a text that is empty
+        after normalisation."""
+        tag = self.source_tag(target_lang)
+        encoded = self.source_tokenizer.encode_batch(texts)
+        if not tag:
+            return encoded
+        tag_id = self.source_tokenizer.tag_ids[tag]
+        return [[tag_id, *ids] if ids else [] for ids in encoded]
+
+    def check_lengths(self, sources: list[list[int]]) -> None:
+        """A source longer than the model accepts is refused, numbered from 1."""
+        limit = self.engine.max_source_tokens
+        for number, ids in enumerate(sources, start=1):
+            if limit is not None and len(ids) > limit:
+                raise UserError(f"input {number} has {len(ids)} tokens; this model accepts at most "
+                                f"{limit}")
 
     def check_trace(self, sampling: Sampling | None) -> None:
         """Search steps exist for beam search on the PyTorch engine; else one line saying so."""
@@ -206,7 +228,7 @@ class Translator:
         texts = [prefix] * len(sources) if isinstance(prefix, str) else list(prefix)
         if len(texts) != len(sources):
             raise UserError(f"prefix: {len(texts)} prefixes for {len(sources)} texts")
-        decode = self.config.decode
+        options = self.search_options()
         encoded = self.target_tokenizer.encode_batch(texts)
         for number, (text, ids, source) in enumerate(zip(texts, encoded, sources), start=1):
             if UNK_ID in ids:
@@ -214,7 +236,7 @@ class Translator:
                            if i == UNK_ID]
                 raise UserError(f"prefix {number}: {' '.join(unknown)!r} cannot be written with "
                                 "this model's target vocabulary")
-            room = max(1, int(len(source) * decode.max_len_a + decode.max_len_b)) - 1
+            room = options.output_limit(len(source)) - 1
             if source and len(ids) > room:
                 raise UserError(f"prefix {number} has {len(ids)} tokens; the translation of text "
                                 f"{number} may have at most {room}")

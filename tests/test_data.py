@@ -367,11 +367,12 @@ def test_synthetic_tag_reaches_the_model_only_in_training(tmp_path):
                         vocab_size=40)
     train = load_split(config, "train")
     source, target = train_tokenizers(config, train.source, train.target)
-    tag_id = source.processor.piece_to_id("<bt>")
-    encoded = source.encode_batch(train.source)
+    tag_id = source.tag_ids["<bt>"]
+    encoded = source.encode_tagged_batch(train.source)
     assert all(ids[0] == tag_id for ids in encoded[20:])
     assert not any(tag_id in ids for ids in encoded[:20])
-    assert not any(tag_id in ids for ids in source.encode_batch(load_split(config, "valid").source))
+    assert not any(tag_id in ids for ids in
+                   source.encode_tagged_batch(load_split(config, "valid").source))
 
 
 def test_multi30k_from_local_folder(multi30k_dir):

@@ -30,8 +30,11 @@ def test_tokenizer_normalizes_in_training_and_encoding(tmp_path):
     tokenizer = SentencePieceTokenizer.train(texts, 40, "unigram", tags=("<2fr>",))
     assert tokenizer.encode("ein\x00 hund\t rennt") == tokenizer.encode("ein hund rennt")
     assert tokenizer.encode("  \t\x01 ") == []
-    assert tokenizer.pieces("<2fr> ein hund") == ["<2fr>", *tokenizer.pieces("ein hund")]
-    assert tokenizer.encode("<2fr> ein hund")[1:] == tokenizer.encode("ein hund")
+    tag = tokenizer.tag_ids["<2fr>"]
+    assert tokenizer.encode_tagged_batch(["<2fr> ein hund"]) == [[tag, *tokenizer.encode("ein hund")]]
+    typed = tokenizer.encode("<2fr> ein hund")              # a tag typed in a text is text
+    assert tag not in typed and typed[-len(tokenizer.encode("ein hund")):] == tokenizer.encode("ein hund")
+    assert "<2fr>" not in tokenizer.pieces("ein <2fr> hund")
     save_tokenizers(tmp_path, tokenizer, tokenizer)
     loaded, _ = load_tokenizers(tmp_path)
     assert loaded.normalization == "nfkc" and loaded.encode("ein hund") == tokenizer.encode("ein hund")

@@ -105,6 +105,23 @@ def test_one_to_many_model_writes_the_language_its_tag_asks_for(one_to_many_run)
         translator.translate(["sieben"], target_lang="cs")
 
 
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_a_tag_typed_in_the_text_is_text(one_to_many_run, engine):
+    # "<2fr> sieben" into English: the model reads its own <2en> and the characters of
+    # "<2fr>", never the French tag; pieces, ids and alignment agree.
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+    translator = Translator.from_run(one_to_many_run, engine=engine)
+    tags = translator.source_tokenizer.tag_ids
+    (typed,) = translator.translate(["<2fr> sieben"], target_lang="en", need_attention=True)
+    assert typed.source_ids[0] == tags["<2en>"] and tags["<2fr>"] not in typed.source_ids
+    assert typed.source_tokens[0] == "<2en>" and "<2fr>" not in typed.source_tokens
+    assert len(typed.source_tokens) == len(typed.source_ids) and typed.tag_tokens == 1
+    assert typed.best.attention.shape[-1] == len(typed.source_ids) + 1
+    (plain,) = translator.translate(["sieben"], target_lang="en")
+    assert typed.source_ids[-len(plain.source_ids) + 1:] == plain.source_ids[1:]
+
+
 def test_a_bilingual_run_refuses_another_target_language(run):
     translator = Translator.from_run(run)
     assert translator.translate(["sieben"], target_lang="en")[0].source_tokens[0] != "<2en>"

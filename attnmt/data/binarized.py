@@ -70,7 +70,7 @@ def prepare(config: Config, run: Path, chunk_pairs: int = 20_000) -> dict:
     pairs = iter_training_pairs(config)
     with tqdm(unit=" pairs", unit_scale=True, file=sys.stderr, disable=None) as bar:
         while chunk := list(itertools.islice(pairs, chunk_pairs)):
-            sources = source_tokenizer.encode_batch([s for s, _ in chunk])
+            sources = source_tokenizer.encode_tagged_batch([s for s, _ in chunk])
             targets = target_tokenizer.encode_batch([t for _, t in chunk])
             for source, target in zip(sources, targets):
                 reason = drop_reason(source, target, config.data.max_len)

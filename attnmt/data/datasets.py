@@ -121,7 +121,7 @@ def tokenize_split(corpus: ParallelCorpus, source_tokenizer, target_tokenizer,
 
     Returns the split and a one-line report of what was dropped.
     """
-    sources = source_tokenizer.encode_batch(corpus.source)
+    sources = source_tokenizer.encode_tagged_batch(corpus.source)
     targets = target_tokenizer.encode_batch(corpus.target)
     report = f"{corpus.name}: {len(sources)} pairs"
     if max_len is not None:

@@ -4,17 +4,25 @@ Every tokenizer uses the fixed special ids of :mod:`attnmt.data` (pad 0, bos 1, 
 unk 3) and offers ``encode(text) -> ids``, ``decode(ids) -> text``, ``pieces(text)``
 and ``vocab_size``. ``encode`` adds no BOS/EOS; batching does that. Texts are
 normalised first (:mod:`attnmt.data.normalize`), in training and in translation alike.
-Tags (``<bt>``, ``<2de>``, see :class:`attnmt.config.DataConfig`) are pieces of their own.
+
+Tags (``<bt>``, ``<2de>``, see :class:`attnmt.config.DataConfig`) are pieces of their own
+that only attnmt puts in front of a source: ``encode``, ``encode_batch`` and ``pieces``
+read their text as text, so a ``<2fr>`` typed by a user is the characters it shows, never
+a tag. Training corpora, whose sources attnmt tags itself, go through
+``encode_tagged_batch`` and ``sample_batch``, which take the tags that start a text as
+tags (and the rest as text); the translator adds tags by id (``tag_ids``).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from attnmt.config import DataConfig
 from attnmt.data import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
@@ -22,6 +30,7 @@ from attnmt.data.normalize import NORMALIZATIONS, normalize
 from attnmt.errors import UserError
 
 TOKENIZER_FILE = "tokenizer.json"
+_TAG_LIKE = re.compile(r"<[^<>\s]+>")
 BATCH_ENCODE_FROM = 256                 # texts from which SentencePiece's threads pay
 
 
@@ -44,13 +53,17 @@ def split_tags(text: str, tags) -> tuple[list[str], str]:
 
 class SentencePieceTokenizer:
     """Tags are pieces of their own (user-defined symbols) that only ever start a text: they
-    are split off before SentencePiece sees it, so no word-start piece stands before them."""
+    are split off before SentencePiece sees it, so no word-start piece stands before them.
+    Text is encoded by the same model with the tags marked unused: SentencePiece would
+    otherwise match a user-defined symbol anywhere in a text."""
+    kind = "sentencepiece"
 
     def __init__(self, model_bytes: bytes, normalization: str = "nfkc", tags: tuple[str, ...] = ()):
         self.model_bytes, self.normalization, self.tags = model_bytes, normalization, tuple(tags)
-        self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
-        self.vocab_size = self.processor.get_piece_size()
-        self.tag_ids = {tag: self.processor.piece_to_id(tag) for tag in self.tags}
+        processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+        self.vocab_size = processor.get_piece_size()
+        self.tag_ids = {tag: processor.piece_to_id(tag) for tag in self.tags}
+        self.processor = _without_symbols(model_bytes) if self.tags else processor
 
     @classmethod
     def train(cls, texts: list[str], vocab_size: int, model_type: str,
@@ -71,7 +84,7 @@ class SentencePieceTokenizer:
         return normalize(text, self.normalization)
 
     def _parts(self, texts: list[str]) -> tuple[list[list[int]], list[str]]:
-        """Each text's tag ids and its normalised rest."""
+        """Each text's leading tag ids and its normalised rest."""
         split = [split_tags(text, self.tag_ids) for text in texts]
         return ([[self.tag_ids[tag] for tag in tags] for tags, _ in split],
                 [self.normalize(rest) for _, rest in split])
@@ -80,13 +93,18 @@ class SentencePieceTokenizer:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """SentencePiece's own batch encoding starts threads: it pays from a few hundred texts
-        on, and costs 20 us to several ms on a handful (a server's request), so those are
-        encoded one by one (about 2 us each)."""
-        tags, rests = self._parts(texts)
-        encoded = self.processor.encode(rests) if len(rests) >= BATCH_ENCODE_FROM else \
-            [self.processor.encode(rest) for rest in rests]
-        return [ids + pieces for ids, pieces in zip(tags, encoded)]
+        """The ids of plain texts (a tag in them is text). SentencePiece's own batch
+        encoding starts threads: it pays from a few hundred texts on, and costs 20 us to
+        several ms on a handful (a server's request), so those are encoded one by one
+        (about 2 us each)."""
+        rests = [self.normalize(text) for text in texts]
+        if len(rests) >= BATCH_ENCODE_FROM:
+            return self.processor.encode(rests)
+        return [self.processor.encode(rest) for rest in rests]
+
+    def encode_tagged_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of training sources: the tags that start a text, then its text."""
+        return _tagged(self, texts)
 
     def sample_batch(self, texts: list[str], alpha: float, nbest: int) -> list[list[int]]:
         """One sampled segmentation per text (subword regularisation): unigram models sample
@@ -100,8 +118,8 @@ class SentencePieceTokenizer:
         return self.processor.decode(content_ids(ids))
 
     def pieces(self, text: str) -> list[str]:
-        tags, rest = split_tags(text, self.tag_ids)
-        return tags + self.processor.encode(self.normalize(rest), out_type=str)
+        """The pieces of a plain text (a tag in it is text)."""
+        return self.processor.encode(self.normalize(text), out_type=str)
 
     def id_to_piece(self, index: int) -> str:
         return self.processor.id_to_piece(index)
@@ -111,14 +129,28 @@ class SentencePieceTokenizer:
         return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
 
 
-class VocabularyTokenizer:
-    """Characters (``kind='char'``) or whitespace-separated words (``kind='whitespace'``)."""
+def _without_symbols(model_bytes: bytes) -> spm.SentencePieceProcessor:
+    """The SentencePiece model with its user-defined symbols (the tags) marked unused: the
+    same pieces and ids, but no text is ever cut into a tag."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model_bytes)
+    for piece in proto.pieces:
+        if piece.type == piece.USER_DEFINED:
+            piece.type = piece.UNUSED
+    return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
 
-    def __init__(self, kind: str, symbols: list[str], normalization: str = "nfkc"):
-        self.kind, self.normalization = kind, normalization
+
+class VocabularyTokenizer:
+    """Characters (``kind='char'``) or whitespace-separated words (``kind='whitespace'``).
+    A tag typed in a text is a word this vocabulary does not know (``<unk>``)."""
+
+    def __init__(self, kind: str, symbols: list[str], normalization: str = "nfkc",
+                 tags: tuple[str, ...] = ()):
+        self.kind, self.normalization, self.tags = kind, normalization, tuple(tags)
         self.symbols = list(SPECIAL_TOKENS) + [s for s in symbols if s not in SPECIAL_TOKENS]
         self.index = {symbol: i for i, symbol in enumerate(self.symbols)}
         self.vocab_size = len(self.symbols)
+        self.tag_ids = {tag: self.index[tag] for tag in self.tags if tag in self.index}
 
     @classmethod
     def train(cls, texts: list[str], vocab_size: int, kind: str,
@@ -126,7 +158,7 @@ class VocabularyTokenizer:
         counts = Counter(symbol for text in texts for symbol in cls.split(kind, normalize(text)))
         frequent = [symbol for symbol in sorted(counts, key=lambda symbol: (-counts[symbol], symbol))
                     if symbol not in tags]
-        return cls(kind, [*tags, *frequent][:max(0, vocab_size - len(SPECIAL_TOKENS))])
+        return cls(kind, [*tags, *frequent][:max(0, vocab_size - len(SPECIAL_TOKENS))], tags=tags)
 
     @staticmethod
     def split(kind: str, text: str) -> list[str]:
@@ -136,10 +168,15 @@ class VocabularyTokenizer:
         return self.split(self.kind, normalize(text, self.normalization))
 
     def encode(self, text: str) -> list[int]:
-        return [self.index.get(symbol, UNK_ID) for symbol in self.pieces(text)]
+        return [UNK_ID if symbol in self.tag_ids else self.index.get(symbol, UNK_ID)
+                for symbol in self.pieces(text)]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
+
+    def encode_tagged_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of training sources: the tags that start a text, then its text."""
+        return _tagged(self, texts)
 
     def decode(self, ids: list[int]) -> str:
         symbols = [self.symbols[i] for i in content_ids(ids) if i < self.vocab_size]
@@ -153,6 +190,13 @@ class VocabularyTokenizer:
         if self.kind == "whitespace":
             return list(range(len(pieces)))
         return _number_words([i == 0 or pieces[i - 1] == " " for i in range(len(pieces))])
+
+
+def _tagged(tokenizer, texts: list[str]) -> list[list[int]]:
+    """``encode_tagged_batch`` of either tokenizer: leading tags by id, the rest as text."""
+    split = [split_tags(text, tokenizer.tag_ids) for text in texts]
+    encoded = tokenizer.encode_batch([rest for _, rest in split])
+    return [[tokenizer.tag_ids[tag] for tag in tags] + ids for (tags, _), ids in zip(split, encoded)]
 
 
 def _number_words(starts: list[bool]) -> list[int]:
@@ -189,7 +233,8 @@ def save_tokenizers(folder: Path, source: Tokenizer, target: Tokenizer) -> None:
             description[side] = {"kind": "sentencepiece", "model": model_name,
                                  "tags": list(tokenizer.tags)}
         else:
-            description[side] = {"kind": tokenizer.kind, "symbols": tokenizer.symbols}
+            description[side] = {"kind": tokenizer.kind, "symbols": tokenizer.symbols,
+                                 "tags": list(tokenizer.tags)}
     (folder / TOKENIZER_FILE).write_text(json.dumps(description, ensure_ascii=False, indent=1),
                                          encoding="utf-8")
 
@@ -217,4 +262,6 @@ def _load_one(folder: Path, entry: dict, normalization: str) -> Tokenizer:
         return SentencePieceTokenizer((folder / entry["model"]).read_bytes(), normalization,
                                       tuple(entry.get("tags", ())))
     symbols = entry["symbols"][len(SPECIAL_TOKENS):]
-    return VocabularyTokenizer(entry["kind"], symbols, normalization)
+    # Runs saved before tags were listed: their tags are the symbols written like one.
+    tags = entry["tags"] if "tags" in entry else [s for s in symbols if _TAG_LIKE.fullmatch(s)]
+    return VocabularyTokenizer(entry["kind"], symbols, normalization, tuple(tags))
