@@ -8,17 +8,22 @@
 
 Requests are micro-batched: a queue collects the texts of concurrent requests for a
 few milliseconds and decodes them together in one worker thread, off the event loop,
-so ``/health`` answers while the model works. Every request is checked before any work:
-its body size (413, before it is parsed), every value against its bounds (422 naming
-the field), its work (source tokens x beam, 413 above ``max_work``) and the work
-already waiting (503 with ``Retry-After`` above ``max_queue_work``), so one client
-cannot hold the only worker for long or starve the others.
+so ``/health`` answers while the model works; if a batch fails, each of its requests is
+decoded again alone, so only the one at fault gets the error. Every request is checked
+before any work: its body size (413, before it is parsed), every value against its
+bounds (422 naming the field), its cost (:func:`request_cost`: the decoding work, output
+length limit x beam, 413 above ``max_work``; the numbers its response may carry, 413
+above ``max_response_values``) and the cost already waiting (503 with ``Retry-After``
+above ``max_queue_work`` or ``max_queue_response_values``), so one client can neither
+hold the only worker for long, nor make the server build a response it cannot hold,
+nor starve the others. Responses are rendered to JSON in a thread of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -27,11 +32,11 @@ from importlib import resources
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from attnmt.errors import UserError
-from attnmt.decoding import Sampling
+from attnmt.decoding import MIN_TEMPERATURE, Sampling
 from attnmt.translator import Translation, Translator
 
 logger = logging.getLogger("attnmt.serve")
@@ -44,17 +49,27 @@ class Limits:
     max_beam: int = 10
     max_n_best: int = 10
     max_body_bytes: int = 1 << 20  # refused before parsing
-    max_work: int = 4000           # per request: (source tokens + 1) x beam (or samples), summed
-    max_queue_work: int = 16000    # work accepted and not yet answered, over all requests
+    max_work: int = 8000           # per request: output length limit x beam (or samples), summed
+    max_queue_work: int = 32000    # work accepted and not yet answered, over all requests
+    max_response_values: int = 1_000_000        # per request: numbers and tokens it may return
+    max_queue_response_values: int = 4_000_000  # the same, accepted and not yet answered
 
 
 class SampleRequest(BaseModel):
     """Sampling instead of beam search: ``n_best`` samples per text."""
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    temperature: float = Field(1.0, gt=0, le=100)
+    temperature: float = Field(1.0, le=100)
     top_k: int = Field(0, ge=0, le=1_000_000)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int = Field(0, ge=0, lt=2 ** 63)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value):
+        if not value >= MIN_TEMPERATURE:
+            raise ValueError(f"must be at least {MIN_TEMPERATURE:g}: below it every score "
+                             "overflows")
+        return value
 
 
 def _valid_unicode(text: str) -> str:
@@ -131,21 +146,66 @@ def check_request(request: TranslateRequest, limits: Limits, default_beam: int) 
     return texts
 
 
-def request_work(translator: Translator, texts: list[str], width: int, limits: Limits) -> int:
-    """``(source tokens + 1) x width`` summed over the texts (``width``: beam or samples);
-    413 when a text is longer than the model accepts or the work passes ``max_work``."""
-    lengths = [len(ids) for ids in translator.source_tokenizer.encode_batch(texts)]
-    longest = translator.engine.max_source_tokens
-    for number, length in enumerate(lengths, start=1):
-        if longest is not None and length > longest:
-            raise LimitError(413, f"text {number} has {length} tokens; this model accepts at most "
-                                  f"{longest}")
-    work = sum(length + 1 for length in lengths if length) * width
-    if work > limits.max_work:
-        raise LimitError(413, f"the request needs {work} token-beams of work (source tokens x "
-                              f"beam) > max_work {limits.max_work}; send fewer or shorter texts "
-                              "or a smaller beam")
-    return work
+@dataclass(frozen=True)
+class Cost:
+    """What a request costs before it is decoded: ``work``, the output tokens the search may
+    write times the beam (or samples), and ``values``, the most numbers and tokens its
+    response may carry, by part (hypotheses, attention, self-attention, search steps)."""
+    work: int
+    parts: dict
+
+    @property
+    def values(self) -> int:
+        return sum(self.parts.values())
+
+
+def request_cost(translator: Translator, texts: list[str], options: "Options") -> Cost:
+    """The :class:`Cost` of translating ``texts`` with ``options``, bounded by each text's
+    output length limit (the search may run to it: a large ``alpha``, a prefix, a model
+    that does not stop), not by the output it will probably write. A text longer than
+    the model accepts (its tags counted) is a 413 naming it."""
+    sources = translator.source_ids(texts, options.target_lang)
+    try:
+        translator.check_lengths(sources)
+    except UserError as error:
+        raise LimitError(413, str(error).replace("input", "text", 1)) from None
+    search = translator.search_options()
+    width = options.n_best if options.sampling else options.beam
+    layers, heads = translator.engine.attention_grid or (0, 0)
+    model = translator.config.model
+    work, parts = 0, dict.fromkeys(("hypotheses", "attention", "self_attention", "search_steps"), 0)
+    for ids in sources:
+        read, limit = len(ids) + 1, search.output_limit(len(ids))        # EOS read, EOS written
+        if not ids:           # source, translation, one empty hypothesis (text, score, attention)
+            parts["hypotheses"] += 4 + options.attention
+            continue
+        work += width * limit
+        parts["hypotheses"] += read + 1 + options.n_best * (limit + 1)   # and text, score each
+        if options.attention:
+            parts["attention"] += options.n_best * limit * layers * heads * read
+        if options.self_attention:
+            parts["self_attention"] += model.heads * (model.encoder_layers * read ** 2 +
+                                                      model.decoder_layers * limit ** 2)
+        if options.trace:      # a step: its number, up to 2 x beam candidates with tokens, score
+            parts["search_steps"] += limit * (1 + options.beam * (limit + 3))
+    return Cost(work, parts)
+
+
+def check_cost(cost: Cost, limits: Limits) -> None:
+    """413 naming what to reduce when a request costs more than one request may."""
+    if cost.work > limits.max_work:
+        raise LimitError(413, f"the request needs up to {cost.work} token-beams of work (output "
+                              f"length limit x beam) > max_work {limits.max_work}; send fewer or "
+                              "shorter texts or a smaller beam")
+    if cost.values > limits.max_response_values:
+        largest = max(cost.parts, key=cost.parts.get)
+        remedy = {"hypotheses": "ask for a smaller n_best or send fewer or shorter texts",
+                  "attention": "leave out attention, ask for a smaller n_best or send shorter texts",
+                  "self_attention": "leave out self_attention or send shorter texts",
+                  "search_steps": "leave out trace, or use a smaller beam or shorter texts"}[largest]
+        described = ", ".join(f"{part} {count}" for part, count in cost.parts.items() if count)
+        raise LimitError(413, f"the response could carry {cost.values} values ({described}) > "
+                              f"max_response_values {limits.max_response_values}; {remedy}")
 
 
 @dataclass(frozen=True)
@@ -159,6 +219,7 @@ class Options:
     target_lang: str | None = None
     prefix: str | None = None
     trace: bool = False
+    self_attention: bool = False
 
 
 @dataclass
@@ -203,19 +264,32 @@ class MicroBatcher:
                 await self._run([p for p in batch if p.options == options], options)
 
     async def _run(self, pending: list[_Pending], options: Options) -> None:
+        """Decode the requests together; if that fails, each alone, so that only a request
+        at fault gets an error, and one that speaks of its own texts only."""
         texts = [text for p in pending for text in p.texts]
         try:
             results = await run_translation(self.translator, self.executor, texts, options)
-        except Exception as error:  # every caller gets the error, the worker goes on
-            for p in pending:
-                if not p.future.done():
-                    p.future.set_exception(error)
+        except Exception as error:
+            if len(pending) == 1:
+                _settle(pending[0].future, error=error)
+            else:
+                for p in pending:
+                    await self._run([p], options)
             return
         start = 0
         for p in pending:
-            if not p.future.done():
-                p.future.set_result(results[start:start + len(p.texts)])
+            _settle(p.future, results[start:start + len(p.texts)])
             start += len(p.texts)
+
+
+def _settle(future: asyncio.Future, result=None, error: Exception | None = None) -> None:
+    """Answer a waiting request (unless its client has gone)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 async def run_translation(translator: Translator, executor, texts: list[str], options: Options):
@@ -262,6 +336,28 @@ def describe(translation: Translation, attention: bool, self_attention=None) -> 
     return result
 
 
+def render(name: str, translations: list[Translation], attention: bool, maps: list) -> bytes:
+    """The JSON body of a translation response, as compact as FastAPI's own."""
+    described = [describe(translation, attention, self_attention)
+                 for translation, self_attention in zip(translations, maps)]
+    return json.dumps({"model": name, "translations": described}, ensure_ascii=False,
+                      allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def reserve(waiting: dict, cost: Cost, limits: Limits) -> None:
+    """Count a request's cost as waiting, or 503 when the server already waits on enough."""
+    for key, limit, name, unit in (("work", limits.max_queue_work, "max_queue_work",
+                                    "token-beams of work"),
+                                   ("values", limits.max_queue_response_values,
+                                    "max_queue_response_values", "response values")):
+        added = cost.work if key == "work" else cost.values
+        if waiting[key] + added > limit:
+            raise LimitError(503, f"busy: {waiting[key]} {unit} are waiting ({name} {limit}); "
+                                  "retry shortly", retry_after=1)
+    waiting["work"] += cost.work
+    waiting["values"] += cost.values
+
+
 def model_info(translator: Translator, limits: Limits) -> dict:
     """What a client needs to know: languages, size, what the model can show, the limits."""
     engine, config = translator.engine, translator.config
@@ -272,9 +368,11 @@ def model_info(translator: Translator, limits: Limits) -> dict:
             "has_attention": engine.attention_grid is not None, "layers": layers, "heads": heads,
             "has_self_attention": engine.has_self_attention,
             "max_source_tokens": engine.max_source_tokens, "default_beam": config.decode.beam,
+            "tokenizer": translator.target_tokenizer.kind,
             "limits": {"max_chars": limits.max_chars, "max_texts": limits.max_texts,
                        "max_beam": limits.max_beam, "max_n_best": limits.max_n_best,
-                       "max_work": limits.max_work}}
+                       "max_work": limits.max_work,
+                       "max_response_values": limits.max_response_values}}
 
 
 class BodyLimit:
@@ -361,7 +459,7 @@ class Served:
                 raise LimitError(422, f"{field}: {error}") from None
         return Options(request.beam or self.default_beam, request.n_best, request.alpha,
                        request.attention or request.self_attention, sampling, request.target_lang,
-                       request.prefix, request.trace)
+                       request.prefix, request.trace, request.self_attention)
 
 
 def served_models(translators: Translator | dict[str, Translator]) -> dict[str, Translator]:
@@ -382,7 +480,8 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
               for name, translator in served_models(translators).items()}
     default = next(iter(models.values()))
     info = {**default.info, "models": [model.info for model in models.values()]}
-    waiting = {"work": 0}                          # accepted and not yet answered, all models
+    waiting = {"work": 0, "values": 0}             # accepted and not yet answered, all models
+    renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one large response at a time
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
 
     @app.exception_handler(RequestValidationError)
@@ -412,17 +511,14 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
                                       f"{', '.join(models)}")
             texts = check_request(request, limits, model.default_beam)
             options = model.options(request, texts)
-            work = request_work(model.translator, texts,
-                                request.n_best if options.sampling else options.beam, limits)
-            if waiting["work"] + work > limits.max_queue_work:
-                raise LimitError(503, f"busy: {waiting['work']} token-beams of work are waiting "
-                                      f"(max_queue_work {limits.max_queue_work}); retry shortly",
-                                 retry_after=1)
-            waiting["work"] += work
+            cost = request_cost(model.translator, texts, options)
+            check_cost(cost, limits)
+            reserve(waiting, cost, limits)
             try:
-                described = await _translate(model, texts, options, request.self_attention)
+                body = await _translate(model, texts, options)
             finally:
-                waiting["work"] -= work
+                waiting["work"] -= cost.work
+                waiting["values"] -= cost.values
         except LimitError as error:
             return error.response()
         except UserError as error:
@@ -430,18 +526,20 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
         except Exception:
             logger.exception("translation failed")
             return JSONResponse({"error": "internal error while translating"}, status_code=500)
-        return JSONResponse({"model": model.name, "translations": described})
+        return Response(body, media_type="application/json")
 
-    async def _translate(model: Served, texts: list[str], options: Options,
-                         self_attention: bool) -> list[dict]:
-        described = []
-        for translation in await model.translate(texts, options):
-            maps = None
-            if self_attention and translation.best.ids:
-                maps = await asyncio.get_running_loop().run_in_executor(
-                    model.executor, model.translator.self_attention, translation)
-            described.append(describe(translation, options.attention, maps))
-        return described
+    async def _translate(model: Served, texts: list[str], options: Options) -> bytes:
+        """The response body, rendered off the event loop."""
+        loop = asyncio.get_running_loop()
+        translations = await model.translate(texts, options)
+        maps = [None] * len(translations)
+        if options.self_attention:
+            for index, translation in enumerate(translations):
+                if translation.best.ids:
+                    maps[index] = await loop.run_in_executor(
+                        model.executor, model.translator.self_attention, translation)
+        return await loop.run_in_executor(renderer, render, model.name, translations,
+                                          options.attention, maps)
 
     return app
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from attnmt.decoding import Sampling
 from attnmt.serve import Limits, create_app
 from attnmt.translator import Translator
 
@@ -32,8 +33,9 @@ def test_health_and_info(client):
     assert info == {"name": "model", "model": "Transformer, 1+1 layers, 2 heads", "engine": "torch", "src_lang": "de",
                     "tgt_lang": "en", "target_langs": ["en"], "parameters": info["parameters"], "has_attention": True,
                     "layers": 1, "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
-                    "default_beam": 5, "limits": {"max_chars": 50, "max_texts": 3, "max_beam": 4,
-                                                  "max_n_best": 3, "max_work": 4000}}
+                    "default_beam": 5, "tokenizer": "sentencepiece",
+                    "limits": {"max_chars": 50, "max_texts": 3, "max_beam": 4, "max_n_best": 3,
+                               "max_work": 8000, "max_response_values": 1_000_000}}
     assert info["parameters"] > 0                       # no config, no server paths
     assert client.get("/docs").status_code == 404       # its page needs the internet
     assert client.get("/openapi.json").status_code == 200
@@ -136,7 +138,10 @@ def test_limits_and_bad_requests(client, body, status, message):
     (b'{"text": "sieben \\ud800"}', "body.text: Value error, must be valid Unicode"),
     (b'{"texts": ["a", "\\udfff"]}', "body.texts: Value error, must be valid Unicode"),
     (b'{"text": "sieben", "beam": 0}', "body.beam: Input should be greater than or equal to 1"),
-    (b'{"text": "sieben", "sample": {"temperature": 0}}', "body.sample.temperature: Input should be greater than 0"),
+    (b'{"text": "sieben", "sample": {"temperature": 0}}',
+     "body.sample.temperature: Value error, must be at least 1e-37"),
+    (b'{"text": "sieben", "sample": {"temperature": 1e-300}}',       # every score overflowed:
+     "body.sample.temperature: Value error, must be at least 1e-37"),     # it answered garbage
 ])
 def test_bad_values_are_422_naming_the_field_and_its_bounds(client, raw, field):
     response = client.post("/translate", content=raw, headers={"Content-Type": "application/json"})
@@ -163,13 +168,14 @@ def test_a_large_body_is_refused_before_it_is_read(tiny_runs):
 
 def test_work_budget_and_queue_bound(tiny_runs):
     translator = Translator.from_run(tiny_runs["transformer"])
-    one = (len(translator.source_tokenizer.encode("dreihundertzwölf")) + 1) * 5   # beam 5
+    source = len(translator.source_tokenizer.encode("dreihundertzwölf"))
+    one = int(source * 1.5 + 10) * 5                  # the output length limit x beam 5
     limits = Limits(max_work=2 * one, max_queue_work=2 * one + one // 2)
     with TestClient(create_app(translator, limits)) as client:
         heavy = client.post("/translate", json={"texts": ["dreihundertzwölf"] * 3, "beam": 5})
         assert heavy.status_code == 413
-        assert (f"needs {3 * one} token-beams of work (source tokens x beam) > max_work {2 * one}"
-                in heavy.json()["error"])
+        assert (f"needs up to {3 * one} token-beams of work (output length limit x beam) > "
+                f"max_work {2 * one}" in heavy.json()["error"])
         assert client.post("/translate", json={"text": "dreihundertzwölf", "beam": 5}).status_code == 200
     gate = asyncio.Event()
     original = translator.translate
@@ -423,3 +429,153 @@ def test_beam_steps_agree_with_the_n_best(client):
         assert all(tuple(h["tokens"][:-1]) in parents for h in later["kept"] + later["pruned"])
     sampled = client.post("/translate", json={"text": "sieben", "trace": True, "sample": {}})
     assert sampled.status_code == 422 and sampled.json()["error"].startswith("trace: ")
+
+
+def response_values(node) -> int:
+    """The numbers and strings a JSON response carries (keys and nesting not counted)."""
+    if isinstance(node, dict):
+        return sum(response_values(value) for value in node.values())
+    if isinstance(node, list):
+        return sum(response_values(value) for value in node)
+    return 1
+
+
+def test_the_killer_request_is_refused_before_decoding(one_to_many_run, monkeypatch):
+    # 390 characters, beam 10, n-best 10, alpha 10, attention and self-attention: the server
+    # grew to 24 GB and was killed. The response is bounded before any decoding.
+    translator = Translator.from_run(one_to_many_run)
+    monkeypatch.setattr(translator, "translate", lambda *a, **k: pytest.fail("decoded"))
+    body = {"text": "x. " * 130, "beam": 10, "n_best": 10, "alpha": 10, "attention": True,
+            "self_attention": True}
+    with TestClient(create_app(translator)) as client:
+        refused = client.post("/translate", json=body)
+        assert refused.status_code == 413, refused.text
+        error = refused.json()["error"]
+        assert re.match(r"the response could carry \d+ values \(hypotheses \d+, attention \d+, "
+                        r"self_attention \d+\) > max_response_values 1000000; leave out attention",
+                        error), error
+        traced = client.post("/translate", json={**body, "attention": False,
+                                                 "self_attention": False, "trace": True})
+        assert traced.status_code == 413 and "leave out trace" in traced.json()["error"]
+        assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("extra", [
+    {"beam": 4, "n_best": 4, "alpha": 10, "attention": True, "self_attention": True},
+    {"beam": 4, "n_best": 2, "alpha": 10, "trace": True},
+    {"n_best": 3, "attention": True, "sample": {"temperature": 5.0}},
+    {"beam": 3, "n_best": 3, "prefix": "seven"},
+])
+def test_what_a_response_carries_stays_within_its_cost(tiny_runs, extra):
+    # The cost is counted before decoding from the output length limit; the response,
+    # whatever the search does, never carries more values than that.
+    from attnmt.serve import Options, request_cost
+
+    translator = Translator.from_run(tiny_runs["transformer"])
+    texts = ["dreihundertzwölf", "", "sieben sieben sieben sieben sieben"]
+    with TestClient(create_app(translator, Limits(max_response_values=60_000))) as client:
+        answer = client.post("/translate", json={"texts": texts, **extra})
+    assert answer.status_code == 200, answer.text
+    sampling = extra.get("sample")
+    options = Options(extra.get("beam", 5), extra["n_best"], extra.get("alpha"),
+                      extra.get("attention", False), sampling and Sampling(**sampling),
+                      None, extra.get("prefix"), extra.get("trace", False),
+                      extra.get("self_attention", False))
+    cost = request_cost(translator, texts, options)
+    carried = response_values(answer.json()["translations"])
+    assert carried <= cost.values, (carried, cost)
+    assert cost.values < 60_000
+
+
+def test_a_source_that_fills_the_positions_is_translated_not_refused_after_decoding(tiny_runs):
+    # max_positions 40: 39 source tokens allow 1.5 x 39 + 10 = 68 output tokens, more than
+    # the decoder has positions; the output is capped at 40 instead of failing (422).
+    translator = Translator.from_run(tiny_runs["transformer"])
+    text = "sieben"
+    while len(translator.source_tokenizer.encode(text + " sieben")) <= 39:
+        text += " sieben"
+    with TestClient(create_app(translator, Limits(max_chars=1000))) as client:
+        for body in ({"beam": 4, "alpha": 10, "n_best": 2}, {"beam": 1}):
+            answer = client.post("/translate", json={"text": text, **body})
+            assert answer.status_code == 200, answer.text
+            hypotheses = answer.json()["translations"][0]["hypotheses"]
+            assert all(len(h["tokens"]) < 40 for h in hypotheses)
+
+
+def test_the_length_check_counts_the_target_language_tag(one_to_many_run, monkeypatch):
+    translator = Translator.from_run(one_to_many_run)
+    text = "sieben acht neun"
+    monkeypatch.setattr(translator.engine, "max_source_tokens",
+                        len(translator.source_tokenizer.encode(text)))     # the tag is one more
+    with TestClient(create_app(translator)) as client:
+        refused = client.post("/translate", json={"text": text, "target_lang": "fr"})
+    assert refused.status_code == 413
+    assert refused.json()["error"].startswith("text 1 has ")
+
+
+def test_a_tag_typed_in_a_request_is_translated_as_text(one_to_many_run):
+    with TestClient(create_app(Translator.from_run(one_to_many_run))) as client:
+        typed = client.post("/translate", json={"text": "<2fr> sieben", "target_lang": "en",
+                                                "attention": True}).json()["translations"][0]
+    assert typed["source_tokens"][0] == "<2en>" and "<2fr>" not in typed["source_tokens"]
+    attention = typed["hypotheses"][0]["attention"]
+    assert len(attention[0][0][0]) == len(typed["source_tokens"]) + 1       # and the EOS
+
+
+def test_a_failing_request_fails_alone(tiny_runs):
+    # Two requests in one micro-batch; decoding one of them fails. The other is answered,
+    # and the error numbers the failing request's own texts and names nobody else's.
+    from attnmt.errors import UserError
+
+    translator = Translator.from_run(tiny_runs["transformer"])
+    original, batches = translator.translate, []
+
+    def failing_translate(texts, *args, **kwargs):
+        batches.append(list(texts))
+        if "neun" in texts:
+            raise UserError(f"input {texts.index('neun') + 1} cannot be decoded")
+        return original(texts, *args, **kwargs)
+
+    translator.translate = failing_translate
+    app = create_app(translator, wait_ms=200)
+
+    async def run_both():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await asyncio.gather(
+                client.post("/translate", json={"texts": ["sieben", "acht"], "beam": 2}),
+                client.post("/translate", json={"texts": ["neun"], "beam": 2}))
+
+    normal, failing = asyncio.run(run_both())
+    assert batches[0] == ["sieben", "acht", "neun"]                    # they did share a batch
+    assert normal.status_code == 200
+    assert [t["source"] for t in normal.json()["translations"]] == ["sieben", "acht"]
+    assert failing.status_code == 422
+    assert failing.json() == {"error": "input 1 cannot be decoded"}
+
+
+def test_health_answers_while_a_response_is_rendered(tiny_runs, monkeypatch):
+    import attnmt.serve
+
+    original = attnmt.serve.describe
+
+    def slow_describe(*args, **kwargs):
+        time.sleep(1.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attnmt.serve, "describe", slow_describe)
+    app = create_app(Translator.from_run(tiny_runs["transformer"]))
+
+    async def run_both():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            translation = asyncio.create_task(client.post("/translate", json={"text": "sieben"}))
+            await asyncio.sleep(0.5)
+            start = time.perf_counter()
+            health = await client.get("/health")
+            waited = time.perf_counter() - start
+            return health, waited, translation.done(), await translation
+
+    health, waited, finished_first, translation = asyncio.run(run_both())
+    assert health.status_code == 200 and waited < 0.5 and not finished_first
+    assert translation.status_code == 200
