@@ -143,10 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-n-best", type=int, default=10)
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20,
                        help="larger request bodies are refused (413) before they are parsed")
-    serve.add_argument("--max-work", type=int, default=4000,
-                       help="per request: (source tokens + 1) x beam, summed over its texts (413)")
-    serve.add_argument("--max-queue-work", type=int, default=16000,
+    serve.add_argument("--max-work", type=int, default=8000,
+                       help="per request: output length limit x beam, summed over its texts (413)")
+    serve.add_argument("--max-queue-work", type=int, default=32000,
                        help="work accepted and not yet answered; beyond it 503 with Retry-After")
+    serve.add_argument("--max-response-values", type=int, default=1_000_000,
+                       help="per request: the numbers and tokens its response may carry "
+                            "(attention, self-attention, search steps, n-best), at most (413)")
+    serve.add_argument("--max-queue-response-values", type=int, default=4_000_000,
+                       help="response values accepted and not yet answered; beyond it 503")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
@@ -194,7 +199,8 @@ def add_decoding_options(parser: argparse.ArgumentParser, ensemble: bool = False
 def add_stream_options(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--resume", action="store_true",
                         help=f"continue an interrupted run: keep the finished lines of {output} "
-                             "and translate the rest of the input")
+                             "and translate the rest of the input (refused when the input or "
+                             "the settings differ from the interrupted run's)")
     parser.add_argument("--progress", action="store_true",
                         help="show a progress bar on standard error (shown anyway on a terminal)")
 
@@ -270,6 +276,22 @@ def open_input(path: str | None):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+# The options that shape what translate and synthesize write: --resume continues only
+# an output made with the same ones.
+OUTPUT_SETTINGS = ("run", "checkpoint", "engine", "quantization", "precision", "beam", "alpha",
+                   "target_lang", "n_best", "alignment", "prefix", "sample", "temperature",
+                   "top_k", "top_p", "seed")
+
+
+def resume_record(args, outputs: list[Path]):
+    """The :class:`attnmt.streaming.ResumeRecord` of a command's output files."""
+    from attnmt.streaming import ResumeRecord
+
+    settings = {"command": args.command, **{key: getattr(args, key) for key in OUTPUT_SETTINGS
+                                            if hasattr(args, key)}}
+    return ResumeRecord(outputs, args.input, settings)
+
+
 def run_translate(args) -> int:
     from attnmt import streaming
     from attnmt.translator import hard_alignment
@@ -280,13 +302,18 @@ def run_translate(args) -> int:
     if args.resume and not (args.input and args.output):
         raise UserError("--resume needs -i FILE and -o FILE: it continues the output file "
                         "from where the input stopped")
+    if args.output:
+        streaming.refuse_overwriting(args.input, [Path(args.output)])
+        if not Path(args.output).parent.is_dir():
+            raise UserError(f"folder not found: {Path(args.output).parent}")
     source = open_input(args.input)
     translator = load_translator(args)
     beam = max(args.beam or translator.config.decode.beam, args.n_best)
-    done = 0
-    if args.resume:
-        done = streaming.resume_position(Path(args.output),
-                                         streaming.n_best_index if args.n_best > 1 else None)
+    record = resume_record(args, [Path(args.output)]) if args.input and args.output else None
+    lines = streaming.read_lines(source, args.input or "standard input")
+    if record is not None:
+        lines = record.start(lines, args.resume)
+    done = record.lines if record is not None else 0
     total = streaming.count_lines(args.input) if args.input else None
     bar = streaming.progress_bar(total, args.progress or None, "translate")
     bar.update(done)
@@ -313,13 +340,16 @@ def run_translate(args) -> int:
             streaming.sync(target)
         else:
             target.flush()
+        if record is not None:
+            record.advance(lines)
 
     with source:
-        target = open(args.output, "a" if args.resume else "w", encoding="utf-8") \
+        target = open(args.output, "a" if done else "w", encoding="utf-8") \
             if args.output else sys.stdout
         with target if args.output else contextlib.nullcontext():
-            lines = streaming.skip(streaming.read_lines(source, args.input or "standard input"), done)
             streaming.translate_chunks(translate, lines, write, bar, first=done)
+    if record is not None:
+        record.finish()
     return 0
 
 
@@ -332,19 +362,16 @@ def run_synthesize(args) -> int:
     mono_lang, synthetic_lang = data.src_lang, args.target_lang or data.tgt_lang
     paths = {side: Path(f"{args.output}.{lang}")
              for side, lang in (("mono", mono_lang), ("synthetic", synthetic_lang))}
-    if paths["mono"].resolve() == Path(args.input).resolve():
-        raise UserError(f"-o {args.output} would overwrite the input {args.input}; choose another OUT")
+    streaming.refuse_overwriting(args.input, list(paths.values()))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    done = 0
-    if args.resume:
-        done = min(streaming.resume_position(path) for path in paths.values())
-        for path in paths.values():                  # the longer file drops what the other lacks
-            streaming.keep_lines(path, done)
+    record = resume_record(args, [paths["mono"], paths["synthetic"]])
+    lines = record.start(streaming.read_lines(source, args.input), args.resume)
+    done = record.lines
     sampling = sampling_from(args)
     bar = streaming.progress_bar(streaming.count_lines(args.input), args.progress or None,
                                  f"synthesize {mono_lang}->{synthetic_lang}")
     bar.update(done)
-    mode = "a" if args.resume else "w"
+    mode = "a" if done else "w"
     with source, open(paths["mono"], mode, encoding="utf-8") as mono, \
             open(paths["synthetic"], mode, encoding="utf-8") as synthetic:
         def translate(lines):
@@ -356,9 +383,10 @@ def run_synthesize(args) -> int:
             mono.write("".join(line + "\n" for line in lines))
             streaming.sync(synthetic)
             streaming.sync(mono)
+            record.advance(lines)
 
-        lines = streaming.skip(streaming.read_lines(source, args.input), done)
         count = streaming.translate_chunks(translate, lines, write, bar, first=done)
+    record.finish()
     print(f"{done + count} pairs: {paths['mono']} and its translation {paths['synthetic']}",
           file=sys.stderr)
     return 0
@@ -402,7 +430,8 @@ def run_serve(args) -> int:
     from attnmt.serve import Limits, serve
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
-                    args.max_body_bytes, args.max_work, args.max_queue_work)
+                    args.max_body_bytes, args.max_work, args.max_queue_work,
+                    args.max_response_values, args.max_queue_response_values)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 1 (or 0: the engine's default), got {args.workers}")
     args.beam, args.target_lang = None, None

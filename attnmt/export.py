@@ -41,8 +41,7 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
         raise UserError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
     ctranslate2 = require_ctranslate2()
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UserError(f"{out} exists and is not empty; choose another folder or add --force")
+    check_destination(Path(run_dir), out, force)
     config, source_tokenizer, target_tokenizer, model = RunDirectory(run_dir).load_model(checkpoint)
     check_exportable(model, run_dir)
     converter = _converter(model, config, [_pieces(source_tokenizer), _pieces(target_tokenizer)],
@@ -59,6 +58,27 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
         shutil.rmtree(out)
     temporary.rename(out)
     return out
+
+
+def check_destination(run: Path, out: Path, force: bool) -> None:
+    """``out`` may be written: never the run, a folder holding it, another training run or
+    a folder of the run that is not an export; anything else not empty only with
+    ``force``. One line otherwise, before anything is written."""
+    run, target = run.resolve(), out.resolve()
+    if target == run or target in run.parents:
+        raise UserError(f"{out} holds the run {run}: exporting there would destroy the run; "
+                        "choose another folder")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    exported = (out / "model.bin").is_file()
+    if (out / "config.yaml").is_file() and not exported:
+        raise UserError(f"{out} is a training run, which an export never replaces (not even with "
+                        "--force); choose another folder")
+    if run in target.parents and not exported:
+        raise UserError(f"{out} is a folder of the run {run}, which an export never replaces; "
+                        "choose another folder")
+    if not force:
+        raise UserError(f"{out} exists and is not empty; choose another folder or add --force")
 
 
 def check_exportable(model: Seq2Seq, run_dir) -> None:

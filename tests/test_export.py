@@ -189,3 +189,30 @@ def test_server_on_the_ctranslate2_engine(tiny_runs):
         assert refused.status_code == 422
         sampled = client.post("/translate", json={"text": "sieben", "sample": {}})
         assert sampled.status_code == 422 and "PyTorch engine only" in sampled.json()["error"]
+
+
+def test_an_export_never_destroys_a_run(tiny_runs, tmp_path):
+    # `attnmt export RUN RUN --force` replaced the run by the export: checkpoints, trainer
+    # state and log gone. Now the run, a folder holding it, another run and a folder of
+    # the run are refused in one line before anything is written, with --force too.
+    import shutil
+
+    from attnmt.cli import main
+
+    run = tmp_path / "runs" / "tiny"
+    shutil.copytree(tiny_runs["transformer"], run)
+    before = sorted(str(path.relative_to(run)) for path in run.rglob("*"))
+    other = tmp_path / "other_run"
+    shutil.copytree(tiny_runs["rnn"], other)
+    for out, message in ((run, "holds the run"), (tmp_path / "runs", "holds the run"),
+                         (tmp_path, "holds the run"), (other, "is a training run"),
+                         (run / "checkpoints", "is a folder of the run")):
+        with pytest.raises(UserError, match=message):
+            export_run(run, out, force=True)
+    assert sorted(str(path.relative_to(run)) for path in run.rglob("*")) == before
+    assert (other / "config.yaml").is_file() and not (other / "model.bin").exists()
+    assert main(["export", str(run), str(run), "--force"]) == 1
+    assert sorted(str(path.relative_to(run)) for path in run.rglob("*")) == before
+    export_run(run, run / "exported")                  # an export inside the run is fine,
+    export_run(run, run / "exported", force=True)      # and replacing that export too
+    assert (run / "exported" / "model.bin").is_file()

@@ -11,7 +11,7 @@ import pytest
 
 from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
-from attnmt.streaming import chunks, n_best_index, resume_position
+from attnmt.streaming import chunks
 
 WORDS = numbers_corpus("test", "de", "en", 999, {"train": 0, "valid": 0, "test": 300}, seed=9).source
 
@@ -26,37 +26,90 @@ def test_chunks_cover_the_input_in_order():
     assert list(chunks(iter(lines), 3)) == [(0, ["0", "1", "2"]), (3, ["3", "4", "5"]), (6, ["6"])]
 
 
-def test_resume_position_drops_a_cut_line_and_an_unfinished_n_best_group(tmp_path):
-    plain = tmp_path / "plain.txt"
-    plain.write_bytes(b"one\ntwo\nthr")
-    assert resume_position(plain) == 2 and plain.read_bytes() == b"one\ntwo\n"
-    nbest = tmp_path / "nbest.txt"
-    nbest.write_bytes(b"0 ||| a ||| -1\n0 ||| b ||| -2\n1 ||| c ||| -1\n2 ||| d ||| -1\n2 ||| e")
-    assert resume_position(nbest, n_best_index) == 2
-    assert nbest.read_bytes() == b"0 ||| a ||| -1\n0 ||| b ||| -2\n1 ||| c ||| -1\n"
-    assert resume_position(tmp_path / "absent.txt") == 0
-    (tmp_path / "foreign.txt").write_text("not n-best\n")
-    with pytest.raises(UserError, match="is not a line of n-best output"):
-        resume_position(tmp_path / "foreign.txt", n_best_index)
+def killed_once_written(command: list[str], written: Path) -> subprocess.Popen:
+    """Run ``attnmt`` ``command`` and SIGKILL it once ``written`` has its first chunk."""
+    process = subprocess.Popen([sys.executable, "-m", "attnmt", *command],
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if written.is_file() and written.stat().st_size > 0:
+            break
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    return process
 
 
-def test_translate_resumes_to_the_same_file(tiny_runs, tmp_path):
+def test_translate_killed_and_resumed_ends_as_an_uninterrupted_run(tiny_runs, tmp_path):
     run, source = tiny_runs["transformer"], tmp_path / "in.de"
-    source.write_text("".join(f"{word}\n" for word in WORDS * 2))
+    lines = [WORDS[i % len(WORDS)] for i in range(5000)]
+    source.write_text("".join(f"{line}\n" for line in lines))
+    options = ["--beam", "1", "--threads", "1", "--n-best", "1"]
     whole = attnmt("translate", str(run), "-i", str(source), "-o", str(tmp_path / "whole.en"),
-                   "--threads", "1")
+                   *options)
     assert whole.returncode == 0, whole.stderr
-    expected = (tmp_path / "whole.en").read_text()
-    assert len(expected.splitlines()) == 2 * len(WORDS)
+    assert not (tmp_path / "whole.en.resume.json").exists()         # finished: nothing to resume
     cut = tmp_path / "cut.en"
-    cut.write_text(expected[:len(expected) // 3] + "half a li")        # as a kill leaves it
-    resumed = attnmt("translate", str(run), "-i", str(source), "-o", str(cut), "--threads", "1",
-                     "--resume", "--progress")
+    command = ["translate", str(run), "-i", str(source), "-o", str(cut), *options]
+    killed_once_written(command, cut)
+    stopped = len(cut.read_text().splitlines())
+    assert 0 < stopped < len(lines), "the kill came too early or too late"
+    with open(cut, "a") as handle:
+        handle.write("half a li")                      # what a kill inside a write leaves
+    resumed = attnmt(*command, "--resume", "--progress")
     assert resumed.returncode == 0, resumed.stderr
-    assert cut.read_text() == expected
-    assert "translate" in resumed.stderr and "600/600" in resumed.stderr    # the progress bar
+    assert cut.read_text() == (tmp_path / "whole.en").read_text()
+    assert "translate" in resumed.stderr and "5.00k/5.00k" in resumed.stderr   # the progress bar
     refused = attnmt("translate", str(run), "--resume", stdin="sieben\n")
     assert refused.returncode == 1 and "--resume needs -i FILE and -o FILE" in refused.stderr
+
+
+def test_resume_refuses_other_settings_or_another_input(tiny_runs, tmp_path):
+    # --n-best 2 counted output lines as inputs and skipped most of the rest; a changed input
+    # of the same length resumed as if unchanged. Both are refused in one line, the output
+    # left as it was.
+    run, source = tiny_runs["transformer"], tmp_path / "in.de"
+    lines = [WORDS[i % len(WORDS)] for i in range(5000)]
+    source.write_text("".join(f"{line}\n" for line in lines))
+    out = tmp_path / "out.en"
+    command = ["translate", str(run), "-i", str(source), "-o", str(out), "--beam", "2",
+               "--threads", "1"]
+    killed_once_written(command, out)
+    kept = out.read_bytes()
+    other_settings = attnmt(*command, "--n-best", "2", "--resume")
+    assert other_settings.returncode == 1
+    assert other_settings.stderr.strip() == ("attnmt: error: cannot resume with other settings: "
+                                             "n_best was 1, now 2; use the same settings, or "
+                                             "translate again without --resume")
+    swapped = [lines[1], lines[0], *lines[2:]]                       # same length, other text
+    source.write_text("".join(f"{line}\n" for line in swapped))
+    other_input = attnmt(*command, "--resume")
+    assert other_input.returncode == 1
+    assert "cannot resume: the first" in other_input.stderr and "are not those" in other_input.stderr
+    assert out.read_bytes() == kept
+    (tmp_path / "out.en.resume.json").unlink()
+    no_record = attnmt(*command, "--resume")
+    assert no_record.returncode == 1 and "has no record of how it was made" in no_record.stderr
+    assert out.read_bytes() == kept
+
+
+def test_no_command_writes_over_its_input(tiny_runs, tmp_path):
+    # `translate -i F -o F` exited 0 and left F empty.
+    run, text = tiny_runs["transformer"], tmp_path / "text.de"
+    text.write_text("sieben\nacht\n")
+    (tmp_path / "link.de").symlink_to(text)
+    for command in (["translate", str(run), "-i", str(text), "-o", str(text)],
+                    ["translate", str(run), "-i", str(text), "-o", str(tmp_path / "link.de")],
+                    ["synthesize", str(run), "-i", str(text), "-o", str(tmp_path / "text")]):
+        refused = attnmt(*command)
+        assert refused.returncode == 1, command
+        assert "would destroy the input; choose another output" in refused.stderr, refused.stderr
+        assert text.read_text() == "sieben\nacht\n"
+    (tmp_path / "text.en").write_text("seven\n")                 # the output side named the input
+    refused = attnmt("synthesize", str(run), "-i", str(tmp_path / "text.en"), "-o",
+                     str(tmp_path / "text"))
+    assert refused.returncode == 1 and "is the input" in refused.stderr
+    assert (tmp_path / "text.en").read_text() == "seven\n"
 
 
 def test_synthesize_killed_and_resumed_writes_aligned_pairs(tiny_runs, tmp_path):
@@ -68,20 +121,13 @@ def test_synthesize_killed_and_resumed_writes_aligned_pairs(tiny_runs, tmp_path)
     reference = attnmt("synthesize", str(run), "-i", str(text), "-o", str(tmp_path / "ref"),
                        "--beam", "2", "--threads", "1")
     assert reference.returncode == 0, reference.stderr
-    command = [sys.executable, "-m", "attnmt", "synthesize", str(run), "-i", str(text), "-o",
-               str(tmp_path / "bt"), "--beam", "2", "--threads", "1"]
-    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    command = ["synthesize", str(run), "-i", str(text), "-o", str(tmp_path / "bt"), "--beam", "2",
+               "--threads", "1"]
     written = tmp_path / "bt.en"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        if written.is_file() and written.stat().st_size > 0:
-            break
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    killed_once_written(command, written)
     stopped = len(written.read_text().splitlines())
     assert 0 < stopped < len(lines), "the kill came too early or too late"
-    resumed = attnmt("synthesize", *command[4:], "--resume")
+    resumed = attnmt(*command, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     for lang in ("de", "en"):
         assert (tmp_path / f"bt.{lang}").read_text() == (tmp_path / f"ref.{lang}").read_text()
@@ -136,9 +182,13 @@ def test_back_translation_end_to_end(tiny_runs, tmp_path):
                 ["data.src_lang=en", "data.tgt_lang=de", f"data.synthetic=[{tmp_path / 'bt'}]",
                  "train.max_steps=5", "train.validate_every=5"])
     translator = Translator.from_run(run)
-    assert translator.source_tokenizer.pieces("<bt> seven") == ["<bt>", *translator.source_tokenizer.pieces("seven")]
+    tokenizer = translator.source_tokenizer
+    assert tokenizer.encode_tagged_batch(["<bt> seven"]) == [[tokenizer.tag_ids["<bt>"],
+                                                              *tokenizer.encode("seven")]]
     translation = translator.translate(["seven"])[0]
     assert "<bt>" not in translation.source_tokens
+    typed = translator.translate(["<bt> seven"])[0]                   # typed by a user: text
+    assert tokenizer.tag_ids["<bt>"] not in typed.source_ids and "<bt>" not in typed.source_tokens
 
 
 def test_distillation_pairs_are_the_ensembles_translations_of_their_sources(tiny_runs, tmp_path):
