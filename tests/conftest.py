@@ -119,6 +119,18 @@ def tiny_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def char_run(tmp_path_factory):
+    """A tiny character-level Transformer on number words (its outputs are letters)."""
+    from attnmt.train import train
+
+    folder = tmp_path_factory.mktemp("char_run")
+    (folder / "tiny.yaml").write_text(TINY)
+    return train(folder / "tiny.yaml", folder / "run",
+                 ["data.tokenizer=char", "data.vocab_size=60", "train.max_steps=30",
+                  "train.validate_every=30"])
+
+
+@pytest.fixture(scope="session")
 def one_to_many_run(tmp_path_factory):
     """A tiny Transformer trained on German number words into English and French (target
     tags <2en>, <2fr>): enough to tell the two languages apart."""

@@ -299,17 +299,19 @@ def browser(tmp_path, language: str = "en"):
     return webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
 
 
-def test_page_in_a_real_browser(tiny_runs, one_to_many_run, tmp_path):
+def test_page_in_a_real_browser(tiny_runs, one_to_many_run, char_run, tmp_path):
     """Two models side by side with their attention, the beam tree with the chosen path, an
-    edited prefix decoded again, a one-to-many model's target language, and the labels in
-    Korean for a Korean browser."""
+    edited prefix decoded again, a one-to-many model's target language, a clicked token of a
+    character-level model as text, a slow earlier answer that no longer draws over a newer
+    one, and the labels in Korean for a Korean browser."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     port = free_port()
     server = start_server(sys.executable, [f"transformer={tiny_runs['transformer']}",
-                                           f"bahdanau={tiny_runs['rnn']}", f"multi={one_to_many_run}"],
+                                           f"bahdanau={tiny_runs['rnn']}", f"multi={one_to_many_run}",
+                                           f"chars={char_run}"],
                           port)
     driver = None
     try:
@@ -360,6 +362,36 @@ def test_page_in_a_real_browser(tiny_runs, one_to_many_run, tmp_path):
             data=json.dumps({"text": "sieben", "model": "multi", "target_lang": "fr", "beam": 5,
                              "n_best": 3}).encode()), timeout=30).read())["translations"][0]["translation"]
         wait.until(lambda d: [t.text for t in d.find_elements(By.CSS_SELECTOR, ".translation")] == [expected])
+        Select(driver.find_element(By.ID, "model")).select_by_value("chars")
+        driver.find_element(By.ID, "translate").click()
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".tgt-token")) > 3)
+        text = driver.find_element(By.CSS_SELECTOR, ".translation").get_attribute("textContent")
+        driver.find_elements(By.CSS_SELECTOR, ".tgt-token")[2].click()     # "h e l" was put there
+        assert prefix.get_attribute("value") == text[:3]
+        driver.execute_script("""                    // the next answer arrives 3 s late
+            const realFetch = window.fetch; let delayed = false;
+            window.fetch = (...args) => (args[0] === "/translate" && !delayed) ?
+              (delayed = true, new Promise((done) => setTimeout(() => done(realFetch(...args)), 3000)))
+              : realFetch(...args);""")
+        Select(driver.find_element(By.ID, "model")).select_by_value("transformer")
+        source = driver.find_element(By.ID, "source")
+        source.clear()
+        source.send_keys("acht")
+        driver.find_element(By.ID, "translate").click()                   # slow
+        source.clear()
+        source.send_keys("sieben")
+        driver.find_element(By.ID, "translate").click()                   # fast, and the newer
+        newer = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/translate", method="POST", headers={"Content-Type": "application/json"},
+            data=json.dumps({"text": "sieben", "model": "transformer", "beam": 5, "n_best": 3,
+                             "attention": True}).encode()), timeout=30).read())["translations"][0]
+        wait.until(lambda d: [t.text for t in d.find_elements(By.CSS_SELECTOR, ".translation")]
+                   == [newer["translation"]])
+        time.sleep(3.5)                                 # the slow answer has come, and is not drawn
+        assert [t.text for t in driver.find_elements(By.CSS_SELECTOR, ".translation")] == \
+            [newer["translation"]]
+        assert [s.text for s in driver.find_elements(By.CSS_SELECTOR, ".src-token")][:-1] == \
+            newer["source_tokens"]
         driver.quit()
         driver = browser(tmp_path, "ko")
         driver.get(f"http://127.0.0.1:{port}/")
