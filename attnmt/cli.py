@@ -147,10 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="per request: output length limit x beam, summed over its texts (413)")
     serve.add_argument("--max-queue-work", type=int, default=32000,
                        help="work accepted and not yet answered; beyond it 503 with Retry-After")
-    serve.add_argument("--max-response-values", type=int, default=1_000_000,
+    serve.add_argument("--max-response-values", type=int, default=500_000,
                        help="per request: the numbers and tokens its response may carry "
                             "(attention, self-attention, search steps, n-best), at most (413)")
-    serve.add_argument("--max-queue-response-values", type=int, default=4_000_000,
+    serve.add_argument("--max-queue-response-values", type=int, default=2_000_000,
                        help="response values accepted and not yet answered; beyond it 503")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")

@@ -51,8 +51,8 @@ class Limits:
     max_body_bytes: int = 1 << 20  # refused before parsing
     max_work: int = 8000           # per request: output length limit x beam (or samples), summed
     max_queue_work: int = 32000    # work accepted and not yet answered, over all requests
-    max_response_values: int = 1_000_000        # per request: numbers and tokens it may return
-    max_queue_response_values: int = 4_000_000  # the same, accepted and not yet answered
+    max_response_values: int = 500_000          # per request: numbers and tokens it may return
+    max_queue_response_values: int = 2_000_000  # the same, accepted and not yet answered
 
 
 class SampleRequest(BaseModel):

@@ -35,7 +35,7 @@ def test_health_and_info(client):
                     "layers": 1, "heads": 2, "has_self_attention": True, "max_source_tokens": 39,
                     "default_beam": 5, "tokenizer": "sentencepiece",
                     "limits": {"max_chars": 50, "max_texts": 3, "max_beam": 4, "max_n_best": 3,
-                               "max_work": 8000, "max_response_values": 1_000_000}}
+                               "max_work": 8000, "max_response_values": 500_000}}
     assert info["parameters"] > 0                       # no config, no server paths
     assert client.get("/docs").status_code == 404       # its page needs the internet
     assert client.get("/openapi.json").status_code == 200
@@ -484,7 +484,7 @@ def test_the_killer_request_is_refused_before_decoding(one_to_many_run, monkeypa
         assert refused.status_code == 413, refused.text
         error = refused.json()["error"]
         assert re.match(r"the response could carry \d+ values \(hypotheses \d+, attention \d+, "
-                        r"self_attention \d+\) > max_response_values 1000000; leave out attention",
+                        r"self_attention \d+\) > max_response_values 500000; leave out attention",
                         error), error
         traced = client.post("/translate", json={**body, "attention": False,
                                                  "self_attention": False, "trace": True})
