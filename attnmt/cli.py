@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from attnmt import __version__
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--prefix", metavar="WORDS",
                            help="every translation starts with these words; the model completes "
                                 "them (interactive translation)")
+    translate.add_argument("--split-sentences", action="store_true",
+                           help="each line is a paragraph: translate it sentence by sentence "
+                                "(split by the source language's rules) and keep its spacing")
     add_sampling_options(translate, "draw each token from the model's distribution")
     translate.set_defaults(handler=run_translate)
 
@@ -152,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(attention, self-attention, search steps, n-best), at most (413)")
     serve.add_argument("--max-queue-response-values", type=int, default=2_000_000,
                        help="response values accepted and not yet answered; beyond it 503")
+    serve.add_argument("--api-keys", metavar="FILE",
+                       help="accept only requests with a key listed in FILE (one per line, each "
+                            "optionally followed by its requests per minute): 403 without, 429 "
+                            "beyond its rate")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
@@ -280,7 +288,7 @@ def open_input(path: str | None):
 # an output made with the same ones.
 OUTPUT_SETTINGS = ("run", "checkpoint", "engine", "quantization", "precision", "beam", "alpha",
                    "target_lang", "n_best", "alignment", "prefix", "sample", "temperature",
-                   "top_k", "top_p", "seed")
+                   "top_k", "top_p", "seed", "split_sentences")
 
 
 def resume_record(args, outputs: list[Path]):
@@ -292,6 +300,19 @@ def resume_record(args, outputs: list[Path]):
     return ResumeRecord(outputs, args.input, settings)
 
 
+def translate_by_sentence(paragraphs: list[str], lang: str,
+                          translate: Callable[[list[str]], list[str]]) -> list[str]:
+    """Each paragraph cut into sentences (language ``lang``), all of them translated in one
+    call, and each paragraph put back together with its own spacing."""
+    from attnmt.documents import join_sentences, split_sentences
+
+    split = [split_sentences(paragraph, lang) for paragraph in paragraphs]
+    sentences = [s for found, _ in split for s in found]
+    translated = iter(translate(sentences) if sentences else [])
+    return [join_sentences([next(translated) for _ in sentences], gaps)
+            for sentences, gaps in split]
+
+
 def run_translate(args) -> int:
     from attnmt import streaming
     from attnmt.translator import hard_alignment
@@ -299,6 +320,9 @@ def run_translate(args) -> int:
     sampling = sampling_from(args)
     if args.n_best < 1:
         raise UserError(f"--n-best must be at least 1, got {args.n_best}")
+    if args.split_sentences and (args.n_best > 1 or args.alignment or args.prefix):
+        raise UserError("--split-sentences writes one translated paragraph a line: it cannot be "
+                        "combined with --n-best, --alignment or --prefix")
     if args.resume and not (args.input and args.output):
         raise UserError("--resume needs -i FILE and -o FILE: it continues the output file "
                         "from where the input stopped")
@@ -323,8 +347,15 @@ def run_translate(args) -> int:
                                     need_attention=args.alignment, sampling=sampling,
                                     target_lang=args.target_lang, prefix=args.prefix)
 
+    def translate_paragraphs(lines):
+        return translate_by_sentence(lines, translator.config.data.src_lang,
+                                     lambda sentences: [t.best.text for t in translate(sentences)])
+
     def write(first, lines, translations):
         output = []
+        if args.split_sentences:
+            output = [paragraph + "\n" for paragraph in translations]
+            translations = []
         for offset, translation in enumerate(translations):
             for hypothesis in translation.hypotheses[:args.n_best]:
                 fields = [hypothesis.text]
@@ -347,7 +378,8 @@ def run_translate(args) -> int:
         target = open(args.output, "a" if done else "w", encoding="utf-8") \
             if args.output else sys.stdout
         with target if args.output else contextlib.nullcontext():
-            streaming.translate_chunks(translate, lines, write, bar, first=done)
+            streaming.translate_chunks(translate_paragraphs if args.split_sentences else translate,
+                                       lines, write, bar, first=done)
     if record is not None:
         record.finish()
     return 0
@@ -427,6 +459,7 @@ def run_experiment(args) -> int:
 
 
 def run_serve(args) -> int:
+    from attnmt.libretranslate import ApiKeys
     from attnmt.serve import Limits, serve
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
@@ -434,11 +467,12 @@ def run_serve(args) -> int:
                     args.max_response_values, args.max_queue_response_values)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 1 (or 0: the engine's default), got {args.workers}")
+    api_keys = ApiKeys.from_file(args.api_keys) if args.api_keys else None
     args.beam, args.target_lang = None, None
     translators = {name: load_translator(args, [run]) for name, run in named_runs(args.run)}
     print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(translators, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
-          args.workers)
+          args.workers, api_keys)
     return 0
 
 

@@ -4,7 +4,9 @@
   ``n_best``, ``alpha``, ``sample``, ``attention``, ``self_attention`` and ``target_lang``;
 * ``GET /health``, ``GET /info`` (what a client needs: languages, size, what the model
   can show), ``GET /openapi.json``;
-* ``GET /``: the attention viewer (one HTML page, no outside assets).
+* ``GET /``: the attention viewer (one HTML page, no outside assets);
+* LibreTranslate's API on the same paths (``POST /translate`` with ``q``, ``source``,
+  ``target``, ...; ``GET /languages``; ``POST /detect``): see :mod:`attnmt.libretranslate`.
 
 Requests are micro-batched: a queue collects the texts of concurrent requests for a
 few milliseconds and decodes them together in one worker thread, off the event loop,
@@ -23,18 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import math
 from dataclasses import dataclass
+from typing import Callable
 from importlib import resources
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from attnmt import documents, libretranslate as libre
 from attnmt.errors import UserError
 from attnmt.decoding import MIN_TEMPERATURE, Sampling
 from attnmt.translator import Translation, Translator
@@ -72,14 +76,6 @@ class SampleRequest(BaseModel):
         return value
 
 
-def _valid_unicode(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (it holds a lone UTF-16 surrogate)") from None
-    return text
-
-
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     text: str | None = None
@@ -94,21 +90,22 @@ class TranslateRequest(BaseModel):
     model: str | None = Field(None, max_length=200)
     prefix: str | None = Field(None, max_length=1000)
     trace: bool = False
+    api_key: str | None = Field(None, max_length=200)   # when the server has --api-keys
 
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value):
-        return None if value is None else _valid_unicode(value)
+        return None if value is None else libre.valid_unicode(value)
 
     @field_validator("text")
     @classmethod
     def _text(cls, value):
-        return None if value is None else _valid_unicode(value)
+        return None if value is None else libre.valid_unicode(value)
 
     @field_validator("texts")
     @classmethod
     def _texts(cls, value):
-        return None if value is None else [_valid_unicode(text) for text in value]
+        return None if value is None else [libre.valid_unicode(text) for text in value]
 
 
 class LimitError(Exception):
@@ -344,6 +341,20 @@ def render(name: str, translations: list[Translation], attention: bool, maps: li
                       allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
+def read_translate_request(body: bytes) -> TranslateRequest:
+    """attnmt's own request from its JSON body (422 naming the field at fault)."""
+    try:
+        found = json.loads(body) if body.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise LimitError(422, f"invalid request: body: JSON decode error ({error})") from None
+    try:
+        return TranslateRequest.model_validate(found)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(('body',) + tuple(str(p) for p in e['loc']))}: "
+                             f"{e['msg']}" for e in error.errors())
+        raise LimitError(422, f"invalid request: {problems}") from None
+
+
 def reserve(waiting: dict, cost: Cost, limits: Limits) -> None:
     """Count a request's cost as waiting, or 503 when the server already waits on enough."""
     for key, limit, name, unit in (("work", limits.max_queue_work, "max_queue_work",
@@ -356,6 +367,17 @@ def reserve(waiting: dict, cost: Cost, limits: Limits) -> None:
                                   "retry shortly", retry_after=1)
     waiting["work"] += cost.work
     waiting["values"] += cost.values
+
+
+@contextlib.contextmanager
+def reserved(waiting: dict, cost: Cost, limits: Limits):
+    """The request's cost counted as waiting while the block runs (:func:`reserve`)."""
+    reserve(waiting, cost, limits)
+    try:
+        yield
+    finally:
+        waiting["work"] -= cost.work
+        waiting["values"] -= cost.values
 
 
 def model_info(translator: Translator, limits: Limits) -> dict:
@@ -467,11 +489,13 @@ def served_models(translators: Translator | dict[str, Translator]) -> dict[str, 
 
 
 def create_app(translators: Translator | dict[str, Translator], limits: Limits = Limits(),
-               micro_batch: bool = True, wait_ms: float = 5.0, workers: int = 0) -> FastAPI:
+               micro_batch: bool = True, wait_ms: float = 5.0, workers: int = 0,
+               api_keys: libre.ApiKeys | None = None) -> FastAPI:
     """The API over one translator or several (``{name: translator}``, the first the default;
     a request's ``model`` names another). ``workers``: batches decoded at once per model
     (0: :func:`default_workers`); more than one only pays on an engine that runs them in
-    parallel (CTranslate2, whose threads each take a batch)."""
+    parallel (CTranslate2, whose threads each take a batch). ``api_keys``: when given,
+    ``/translate`` and ``/detect`` need one of its keys and keep to its request rate."""
     # No /docs or /redoc: their pages load scripts from the internet (blank offline).
     app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer",
                   docs_url=None, redoc_url=None)
@@ -479,16 +503,12 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     models = {name: Served.start(name, translator, limits, micro_batch, wait_ms, workers)
               for name, translator in served_models(translators).items()}
     default = next(iter(models.values()))
-    info = {**default.info, "models": [model.info for model in models.values()]}
+    info = {**default.info, "models": [model.info for model in models.values()],
+            "api_keys": api_keys is not None}
     waiting = {"work": 0, "values": 0}             # accepted and not yet answered, all models
     renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one large response at a time
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, error: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                             for e in error.errors())
-        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+    libre_api = LibreTranslateApi(models, limits, waiting, renderer)
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
@@ -502,23 +522,44 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     async def get_info():
         return info
 
-    @app.post("/translate")
-    async def translate(request: TranslateRequest):
+    @app.get("/languages")
+    async def get_languages():
+        return libre.languages(libre_api.pairs)
+
+    @app.post("/detect")
+    async def detect(request: Request):
         try:
-            model = models.get(request.model or default.name)
+            found = await libre.parameters(request)
+            if api_keys is not None:
+                api_keys.admit(found.get("api_key"))
+            return await libre_api.detect(found)
+        except libre.ApiError as error:
+            return _error(error.status, error.message, error.retry_after)
+
+    @app.post("/translate")
+    async def translate(request: Request):
+        body = await request.body()
+        try:
+            parsed = json.loads(body) if body.strip() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            parsed = None
+        if libre.is_libretranslate(request.headers.get("content-type", ""),
+                                   request.query_params, parsed):
+            return await translate_libre(request)
+        try:
+            translation_request = read_translate_request(body)
+            if api_keys is not None:
+                _admit(translation_request.api_key)
+            model = models.get(translation_request.model or default.name)
             if model is None:
-                raise LimitError(422, f"model: unknown model {request.model!r}; this server has "
-                                      f"{', '.join(models)}")
-            texts = check_request(request, limits, model.default_beam)
-            options = model.options(request, texts)
+                raise LimitError(422, f"model: unknown model {translation_request.model!r}; "
+                                      f"this server has {', '.join(models)}")
+            texts = check_request(translation_request, limits, model.default_beam)
+            options = model.options(translation_request, texts)
             cost = request_cost(model.translator, texts, options)
             check_cost(cost, limits)
-            reserve(waiting, cost, limits)
-            try:
+            with reserved(waiting, cost, limits):
                 body = await _translate(model, texts, options)
-            finally:
-                waiting["work"] -= cost.work
-                waiting["values"] -= cost.values
         except LimitError as error:
             return error.response()
         except UserError as error:
@@ -527,6 +568,29 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             logger.exception("translation failed")
             return JSONResponse({"error": "internal error while translating"}, status_code=500)
         return Response(body, media_type="application/json")
+
+    def _admit(key: str | None) -> None:
+        try:
+            api_keys.admit(key)
+        except libre.ApiError as error:
+            raise LimitError(error.status, error.message, error.retry_after) from None
+
+    async def translate_libre(request: Request):
+        try:
+            found = await libre.parameters(request)
+            if api_keys is not None:
+                api_keys.admit(found.get("api_key"))
+            return await libre_api.translate(libre.read_request(found))
+        except libre.ApiError as error:
+            return _error(error.status, error.message, error.retry_after)
+        except LimitError as error:         # LibreTranslate answers 400 to a request at fault
+            return _error(400 if error.status in (413, 422) else error.status, error.message,
+                          error.retry_after)
+        except UserError as error:
+            return _error(400, str(error))
+        except Exception:
+            logger.exception("translation failed")
+            return _error(500, "internal error while translating")
 
     async def _translate(model: Served, texts: list[str], options: Options) -> bytes:
         """The response body, rendered off the event loop."""
@@ -544,6 +608,149 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     return app
 
 
+def _error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
+    return LimitError(status, message, retry_after).response()
+
+
+@dataclass
+class _Text:
+    """One text of a LibreTranslate request: the model that translates it, its sentences, and
+    how to put their translations back (into the text's layout, or into its HTML)."""
+    route: libre.Route
+    sentences: list[str]
+    rebuild: Callable[[list[str]], str]
+    detected: dict | None = None
+
+
+class LibreTranslateApi:
+    """LibreTranslate's ``/translate`` and ``/detect`` over the served models: the pair picks
+    the model, texts are cut into sentences, and the sentences of a request are decoded as one
+    batch under the server's limits (each sentence up to ``max_chars``; the work and response
+    budgets, and what is waiting, for the whole request)."""
+
+    def __init__(self, models: dict[str, Served], limits: Limits, waiting: dict,
+                 splitter: concurrent.futures.Executor):
+        self.models, self.limits, self.waiting, self.splitter = models, limits, waiting, splitter
+        self.pairs = libre.language_pairs({name: m.translator for name, m in models.items()})
+        self.detector: libre.LanguageDetector | None = None
+
+    def _detector(self) -> libre.LanguageDetector:
+        if self.detector is None:                     # its model takes a second to load
+            self.detector = libre.LanguageDetector(sorted({s for s, _ in self.pairs}))
+        return self.detector
+
+    async def detect(self, found: dict) -> list[dict]:
+        text = found.get("q")
+        if not isinstance(text, str):
+            raise libre.ApiError(400, "Invalid request: q must be one text")
+        try:
+            libre.valid_unicode(text)
+        except ValueError as error:
+            raise libre.ApiError(400, f"Invalid request: q {error}") from None
+        ranked = self._detector().rank(text[:self.limits.max_chars * 10])
+        return [{"confidence": confidence, "language": lang} for lang, confidence in ranked]
+
+    def route(self, source: str, target: str, text: str) -> tuple[libre.Route, dict | None]:
+        """The model for ``source`` -> ``target`` (``source`` ``auto``: the detected language
+        among those served into ``target``), and the detection to report."""
+        if source != "auto":
+            if (source, target) not in self.pairs:
+                raise libre.ApiError(400, f"no model translates {source} into {target}; this "
+                                          f"server translates {libre.describe_pairs(self.pairs)}")
+            return self.pairs[source, target], None
+        sources = [s for s, t in self.pairs if t == target]
+        if not sources:
+            raise libre.ApiError(400, f"no model translates into {target}; this server "
+                                      f"translates {libre.describe_pairs(self.pairs)}")
+        ranked = self._detector().rank(text[:self.limits.max_chars * 10], sources) or \
+            [(sources[0], 0.0)]
+        lang, confidence = ranked[0]
+        return self.pairs[lang, target], {"confidence": confidence, "language": lang}
+
+    def prepare(self, text: str, request: libre.LibreRequest) -> _Text:
+        """Cut ``text`` into sentences and choose its model."""
+        if request.format == "text":
+            route, detected = self.route(request.source, request.target, text)
+            language = detected["language"] if detected else request.source
+            sentences, gaps = documents.split_sentences(text, language)
+            return _Text(route, sentences, lambda out: documents.join_sentences(out, gaps),
+                         detected)
+        nodes = documents.html_text_nodes(documents.parse_html(text))
+        route, detected = self.route(request.source, request.target,
+                                     " ".join(str(node) for node in nodes))
+        language = detected["language"] if detected else request.source
+        split = [documents.split_sentences(str(node), language) for node in nodes]
+
+        def rebuild(out: list[str]) -> str:
+            document = documents.parse_html(text)
+            translated, start = [], 0
+            for sentences, gaps in split:
+                translated.append(documents.join_sentences(out[start:start + len(sentences)],
+                                                           gaps))
+                start += len(sentences)
+            return documents.replace_text_nodes(document, documents.html_text_nodes(document),
+                                                translated)
+
+        return _Text(route, [s for sentences, _ in split for s in sentences], rebuild, detected)
+
+    async def translate(self, request: libre.LibreRequest) -> JSONResponse:
+        loop = asyncio.get_running_loop()
+        texts = [request.q] if isinstance(request.q, str) else request.q
+        if len(texts) > self.limits.max_texts:
+            raise LimitError(413, f"too many texts: {len(texts)} > max_texts {self.limits.max_texts}")
+        prepared = await loop.run_in_executor(
+            self.splitter, lambda: [self.prepare(text, request) for text in texts])
+        n_best = 1 + request.alternatives
+        most = min(self.limits.max_beam, self.limits.max_n_best)
+        if n_best > most:
+            raise libre.ApiError(400, f"Invalid request: alternatives must be at most {most - 1}")
+        outputs = await self._decode(prepared, n_best)
+        results = await loop.run_in_executor(
+            self.splitter, lambda: [self._describe(text, out, request.alternatives)
+                                    for text, out in zip(prepared, outputs)])
+        if isinstance(request.q, str):
+            return JSONResponse(results[0])
+        merged = {key: [result[key] for result in results] for key in results[0]} if results \
+            else {"translatedText": []}
+        return JSONResponse(merged)
+
+    async def _decode(self, prepared: list[_Text], n_best: int) -> list[list[Translation]]:
+        """Each text's sentences translated: one batch per model, under the server's limits."""
+        by_route: dict[libre.Route, list[str]] = {}
+        for text in prepared:
+            by_route.setdefault(text.route, []).extend(text.sentences)
+        decoded = {}
+        for route, sentences in by_route.items():
+            model = self.models[route.model]
+            for number, sentence in enumerate(sentences, start=1):
+                if len(sentence) > self.limits.max_chars:
+                    raise LimitError(413, f"sentence {number} has {len(sentence)} characters > "
+                                          f"max_chars {self.limits.max_chars}")
+            options = Options(max(model.default_beam, n_best), n_best, None, False,
+                              target_lang=route.target_lang)
+            cost = request_cost(model.translator, sentences, options)
+            check_cost(cost, self.limits)
+            with reserved(self.waiting, cost, self.limits):
+                decoded[route] = iter(await model.translate(sentences, options)
+                                      if sentences else [])
+        return [[next(decoded[text.route]) for _ in text.sentences] for text in prepared]
+
+    @staticmethod
+    def _describe(text: _Text, translations: list[Translation], alternatives: int) -> dict:
+        result = {"translatedText": text.rebuild([t.best.text for t in translations])}
+        if text.detected is not None:
+            result["detectedLanguage"] = text.detected
+        if alternatives:
+            others = []
+            for rank in range(1, alternatives + 1):
+                other = text.rebuild([t.hypotheses[min(rank, len(t.hypotheses) - 1)].text
+                                      for t in translations])
+                if other not in others and other != result["translatedText"]:
+                    others.append(other)
+            result["alternatives"] = others
+        return result
+
+
 def default_workers(translator: Translator) -> int:
     """One worker for the PyTorch engine (its threads share each batch); for CTranslate2, as
     many as the engine has threads, each decoding a batch of its own."""
@@ -551,8 +758,9 @@ def default_workers(translator: Translator) -> int:
 
 
 def serve(translators: Translator | dict[str, Translator], host: str, port: int, limits: Limits,
-          micro_batch: bool, wait_ms: float, workers: int = 0) -> None:
+          micro_batch: bool, wait_ms: float, workers: int = 0,
+          api_keys: libre.ApiKeys | None = None) -> None:
     import uvicorn
 
-    app = create_app(translators, limits, micro_batch, wait_ms, workers)
+    app = create_app(translators, limits, micro_batch, wait_ms, workers, api_keys)
     uvicorn.run(app, host=host, port=port, log_level="warning")

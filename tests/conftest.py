@@ -144,6 +144,17 @@ def one_to_many_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def french_run(tmp_path_factory):
+    """A tiny Transformer on French number words into English (a second source language)."""
+    from attnmt.train import train
+
+    folder = tmp_path_factory.mktemp("french_run")
+    (folder / "tiny.yaml").write_text(TINY)
+    return train(folder / "tiny.yaml", folder / "run",
+                 ["data.src_lang=fr", "train.max_steps=30", "train.validate_every=30"])
+
+
+@pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     """The Multi30k folder named by $ATTNMT_DATA. Without it a test skips, except in CI
     (``CI=true``), which provides the data: there a missing folder fails the run."""

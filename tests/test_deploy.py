@@ -16,6 +16,7 @@ import pytest
 
 from attnmt.data.numbers import numbers_corpus
 
+from test_libretranslate import clients_talk_to
 from test_serve import free_port, start_server
 
 pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed (pip install -e \".[ct2]\")")
@@ -111,3 +112,11 @@ def test_an_export_never_imports_torch_even_where_it_is_installed(exported, tmp_
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines()[-1] == "False"
+
+
+def test_libretranslate_clients_talk_to_the_deployment_install(deploy_python, exported, french_run,
+                                                               tmp_path):
+    from attnmt.export import export_run
+
+    french = export_run(french_run, tmp_path / "fr_en")
+    clients_talk_to(deploy_python, [f"de_en={exported}", f"fr_en={french}"])

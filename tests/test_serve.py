@@ -29,6 +29,7 @@ def client(tiny_runs):
 def test_health_and_info(client):
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/info").json()
+    assert info.pop("api_keys") is False                # open to every client
     assert info.pop("models") == [{**info}]               # one model, named "model"
     assert info == {"name": "model", "model": "Transformer, 1+1 layers, 2 heads", "engine": "torch", "src_lang": "de",
                     "tgt_lang": "en", "target_langs": ["en"], "parameters": info["parameters"], "has_attention": True,
