@@ -81,11 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      "back-translation) instead of beam search")
     synthesize.set_defaults(handler=run_synthesize)
 
-    evaluate = commands.add_parser("evaluate", help="translate a test set and score it",
-                                   description="sacreBLEU BLEU (with signature), chrF and TER.")
+    evaluate = commands.add_parser("evaluate", help="translate test sets and score them",
+                                   description="sacreBLEU BLEU (with signature), chrF and TER, "
+                                               "of one test set (--src, --ref) or several "
+                                               "(--test PREFIX ...).")
     add_decoding_options(evaluate, ensemble=True)
-    evaluate.add_argument("--src", required=True, help="source file (.gz read too)")
-    evaluate.add_argument("--ref", required=True, help="reference file (.gz read too)")
+    evaluate.add_argument("--src", help="source file (.gz read too)")
+    evaluate.add_argument("--ref", help="reference file (.gz read too)")
+    evaluate.add_argument("--test", nargs="+", metavar="PREFIX",
+                          help="test sets as prefixes of their two language files (the run's "
+                               "languages, .gz read too), e.g. DATA/test_2016_flickr "
+                               "DATA/test_2017_flickr: each scored, then a table of all")
     evaluate.add_argument("--lowercase", action="store_true",
                           help="case-insensitive scores, to compare with older lowercased figures")
     evaluate.add_argument("--by-length", action="store_true",
@@ -492,25 +498,44 @@ def named_runs(runs: list[str]) -> list[tuple[str, str]]:
 
 
 def run_evaluate(args) -> int:
-    from attnmt.data.corpus import read_lines
+    from attnmt.data.corpus import find_language_file, read_lines
     from attnmt.evaluate import bleu_by_length, score_corpus
 
-    sources, references = read_lines(args.src), read_lines(args.ref)
-    if len(sources) != len(references):
-        raise UserError(f"line counts differ: {args.src} has {len(sources)} lines, "
-                        f"{args.ref} has {len(references)}")
+    if bool(args.test) == bool(args.src or args.ref) or bool(args.src) != bool(args.ref):
+        raise UserError("give --src FILE and --ref FILE (one test set) or --test PREFIX ... "
+                        "(several), not both")
+    if args.test and args.hyp and len(args.test) > 1:
+        raise UserError("--hyp writes one file: give one --test set with it")
     translator = load_translator(args)
-    hypotheses = [t.best.text for t in translator.translate(sources, args.beam, 1, args.alpha,
-                                                            args.batch_tokens,
-                                                            target_lang=args.target_lang)]
-    if args.hyp:
-        Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    print(score_corpus(hypotheses, references, args.lowercase).summary())
-    if args.by_length:
-        print("\nsource words | sentences | BLEU")
-        for bucket, count, bleu in bleu_by_length(hypotheses, references,
-                                                  [len(s.split()) for s in sources]):
-            print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
+    data = translator.config.data
+    target = args.target_lang or data.tgt_lang
+    files = [(args.src, args.ref)] if args.src else \
+        [(find_language_file(prefix, data.src_lang), find_language_file(prefix, target))
+         for prefix in args.test]                    # every file found before any decoding
+    rows = []
+    for source_file, reference_file in files:
+        sources, references = read_lines(source_file), read_lines(reference_file)
+        if len(sources) != len(references):
+            raise UserError(f"line counts differ: {source_file} has {len(sources)} lines, "
+                            f"{reference_file} has {len(references)}")
+        hypotheses = [t.best.text for t in translator.translate(
+            sources, args.beam, 1, args.alpha, args.batch_tokens, target_lang=args.target_lang)]
+        if args.hyp:
+            Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        scores = score_corpus(hypotheses, references, args.lowercase)
+        if args.test:
+            print(f"{source_file}:")
+        print(scores.summary())
+        if args.by_length:
+            print("\nsource words | sentences | BLEU")
+            for bucket, count, bleu in bleu_by_length(hypotheses, references,
+                                                      [len(s.split()) for s in sources]):
+                print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
+        rows.append((Path(str(source_file)).name.split(".")[0], len(sources), scores))
+    if args.test:
+        print("\n| test set | sentences | BLEU | chrF | TER |\n| --- | --- | --- | --- | --- |")
+        for name, count, scores in rows:
+            print(f"| {name} | {count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
     return 0
 
 

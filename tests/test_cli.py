@@ -70,6 +70,35 @@ def test_cli_evaluate_prints_scores_and_buckets(tiny_runs, tmp_path):
     assert mismatch.returncode == 1 and b"line counts differ" in mismatch.stderr
 
 
+def test_cli_evaluate_scores_several_test_sets(tiny_runs, tmp_path):
+    from attnmt.evaluate import score_corpus
+    from attnmt.translator import Translator
+
+    run = tiny_runs["transformer"]
+    sets = {"first": (["sieben", "zweiundvierzig"], ["seven", "forty-two"]),
+            "second": (["dreihundert", "elf", "acht"], ["three hundred", "eleven", "nine"])}
+    for name, (sources, references) in sets.items():
+        (tmp_path / f"{name}.de").write_text("".join(s + "\n" for s in sources))
+        (tmp_path / f"{name}.en").write_text("".join(r + "\n" for r in references))
+    result = attnmt("evaluate", str(run), "--threads", "1", "--beam", "2", "--test",
+                    str(tmp_path / "first"), str(tmp_path / "second"))
+    assert result.returncode == 0, result.stderr.decode()
+    table = result.stdout.decode().split("| test set |")[1].splitlines()[2:]
+    translator = Translator.from_run(run)
+    for line, (name, (sources, references)) in zip(table, sets.items()):
+        hypotheses = [t.best.text for t in translator.translate(sources, beam=2)]
+        expected = score_corpus(hypotheses, references)
+        assert line == (f"| {name} | {len(sources)} | {expected.bleu:.2f} | {expected.chrf:.2f} "
+                        f"| {expected.ter:.2f} |")
+    assert len(table) == 2
+    missing = attnmt("evaluate", str(run), "--test", str(tmp_path / "first"), str(tmp_path / "third"))
+    assert missing.returncode == 1
+    assert missing.stderr.decode().strip() == f"attnmt: error: file not found: {tmp_path / 'third.de'} " \
+                                              f"(nor {tmp_path / 'third.de'}.gz)"
+    both = attnmt("evaluate", str(run), "--test", str(tmp_path / "first"), "--src", "x", "--ref", "y")
+    assert both.returncode == 1 and b"not both" in both.stderr
+
+
 def test_cli_refuses_missing_run_and_corrupt_checkpoint(tiny_runs, tmp_path):
     run = tiny_runs["transformer"]
     missing = attnmt("translate", str(tmp_path / "nowhere"), stdin=b"x\n")
