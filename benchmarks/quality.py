@@ -1,12 +1,15 @@
-"""Quality on Multi30k: train a preset for its budget, then score it on test_2016_flickr.
+"""Quality on Multi30k: train a preset for its budget, then score it on every public test set.
 
     python benchmarks/quality.py CONFIG --run DIR [--data-dir DIR] [--set section.key=value ...]
 
 Trains with ``attnmt train`` (resuming the run if it exists; an ended run is only
-scored), translates ``test_2016_flickr`` with the config's decoding settings (beam 5,
-alpha 0.6 in the presets) and prints one row of the README's results table:
-parameters, training minutes, updates, target tokens/s, sacreBLEU BLEU and chrF cased
-and lowercased. The row is also written to ``DIR/quality.json``. The budget is minutes
+scored), translates each Multi30k test set present for the pair (``test_2016_flickr``,
+``test_2017_flickr``, ``test_2017_mscoco``; Czech has the first only) with the config's
+decoding settings (beam 5, alpha 0.6 in the presets) and prints one row of the README's
+results table: parameters, training minutes, updates, target tokens/s, sacreBLEU BLEU and
+chrF cased and lowercased on test_2016_flickr, then BLEU on each set. The row is also
+written to ``DIR/quality.json``: the test_2016_flickr scores at its top level, every
+set's under ``test_sets``. The budget is minutes
 of training time (validation not counted), so the result depends on the machine's
 speed: run it with nothing else on the machine.
 """
@@ -52,6 +55,15 @@ def training_figures(run: Path) -> dict:
     return figures
 
 
+TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+
+
+def present_test_sets(data_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
+    """The Multi30k test sets with files for both languages in ``data_dir``."""
+    return [name for name in TEST_SETS
+            if all((Path(data_dir) / f"{name}.{lang}.gz").is_file() for lang in (src_lang, tgt_lang))]
+
+
 def test_scores(run: Path, data_dir: str) -> dict:
     from attnmt.config import load_config
     from attnmt.data.corpus import read_parallel
@@ -61,15 +73,20 @@ def test_scores(run: Path, data_dir: str) -> dict:
 
     configure()
     config = load_config(run / "config.yaml")
-    test = read_parallel(Path(data_dir) / "test_2016_flickr", config.data.src_lang,
-                         config.data.tgt_lang)
     translator = Translator.from_run(run)
-    hypotheses = [t.best.text for t in translator.translate(test.source)]
-    cased, lowered = score_corpus(hypotheses, test.target), score_corpus(hypotheses, test.target, True)
+    scores = {}
+    for name in present_test_sets(data_dir, config.data.src_lang, config.data.tgt_lang):
+        test = read_parallel(Path(data_dir) / name, config.data.src_lang, config.data.tgt_lang)
+        hypotheses = [t.best.text for t in translator.translate(test.source)]
+        cased, lowered = score_corpus(hypotheses, test.target), score_corpus(hypotheses, test.target, True)
+        scores[name] = {"sentences": len(test.source), "bleu": round(cased.bleu, 2),
+                        "chrf": round(cased.chrf, 2), "ter": round(cased.ter, 2),
+                        "bleu_lc": round(lowered.bleu, 2), "chrf_lc": round(lowered.chrf, 2),
+                        "signature": cased.signature}
+    first = scores["test_2016_flickr"]
     return {"parameters": translator.model.num_parameters(), "beam": config.decode.beam,
-            "bleu": round(cased.bleu, 2), "chrf": round(cased.chrf, 2),
-            "bleu_lc": round(lowered.bleu, 2), "chrf_lc": round(lowered.chrf, 2),
-            "signature": cased.signature}
+            **{key: first[key] for key in ("bleu", "chrf", "bleu_lc", "chrf_lc", "signature")},
+            "test_sets": scores}
 
 
 def main() -> None:
@@ -87,7 +104,8 @@ def main() -> None:
     print(json.dumps(row, indent=1))
     print(f"| {Path(args.config).stem} {' '.join(args.set)} | {row['parameters']:,} | {row['minutes']} "
           f"| {row['updates']:,} | {row['tokens_per_s']:,} | {row['valid_bleu_best']} | {row['bleu']} "
-          f"| {row['chrf']} | {row['bleu_lc']} | {row['chrf_lc']} |")
+          f"| {row['chrf']} | {row['bleu_lc']} | {row['chrf_lc']} | "
+          + " | ".join(f"{name} {scores['bleu']}" for name, scores in row["test_sets"].items()) + " |")
 
 
 if __name__ == "__main__":
