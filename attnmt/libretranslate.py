@@ -158,6 +158,16 @@ def languages(pairs: dict) -> list[dict]:
             for code, found in sorted(targets.items())]
 
 
+def frontend_settings(pairs: dict, keys: bool) -> dict:
+    """``GET /frontend/settings``, which some clients read before they translate: whether a
+    key is needed, and no file translation or suggestions (attnmt has neither)."""
+    source, target = next(iter(pairs))
+    return {"apiKeys": keys, "keyRequired": keys, "charLimit": -1, "frontendTimeout": 500,
+            "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+            "language": {"source": {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
+                         "target": {"code": target, "name": LANGUAGE_NAMES.get(target, target)}}}
+
+
 class LanguageDetector:
     """Which served source language a text is in, by ``py3langid`` (a naive Bayes model over
     byte n-grams, shipped in its wheel), restricted to the languages it may choose from."""

@@ -526,6 +526,10 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     async def get_languages():
         return libre.languages(libre_api.pairs)
 
+    @app.get("/frontend/settings")
+    async def frontend_settings():
+        return libre.frontend_settings(libre_api.pairs, api_keys is not None)
+
     @app.post("/detect")
     async def detect(request: Request):
         try:
@@ -610,6 +614,9 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
 
 def _error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
     return LimitError(status, message, retry_after).response()
+
+
+SPLIT_ON_THE_LOOP = 2000     # characters: a longer LibreTranslate request is split in a thread
 
 
 @dataclass
@@ -698,16 +705,22 @@ class LibreTranslateApi:
         texts = [request.q] if isinstance(request.q, str) else request.q
         if len(texts) > self.limits.max_texts:
             raise LimitError(413, f"too many texts: {len(texts)} > max_texts {self.limits.max_texts}")
-        prepared = await loop.run_in_executor(
-            self.splitter, lambda: [self.prepare(text, request) for text in texts])
         n_best = 1 + request.alternatives
         most = min(self.limits.max_beam, self.limits.max_n_best)
         if n_best > most:
             raise libre.ApiError(400, f"Invalid request: alternatives must be at most {most - 1}")
+
+        async def off_the_loop(work):
+            """Long documents are split and rebuilt in a thread of their own, so that /health
+            answers meanwhile; a few sentences cost less than the hand-over."""
+            if sum(map(len, texts)) <= SPLIT_ON_THE_LOOP:
+                return work()
+            return await loop.run_in_executor(self.splitter, work)
+
+        prepared = await off_the_loop(lambda: [self.prepare(text, request) for text in texts])
         outputs = await self._decode(prepared, n_best)
-        results = await loop.run_in_executor(
-            self.splitter, lambda: [self._describe(text, out, request.alternatives)
-                                    for text, out in zip(prepared, outputs)])
+        results = await off_the_loop(lambda: [self._describe(text, out, request.alternatives)
+                                              for text, out in zip(prepared, outputs)])
         if isinstance(request.q, str):
             return JSONResponse(results[0])
         merged = {key: [result[key] for result in results] for key in results[0]} if results \

@@ -142,6 +142,8 @@ def test_languages_lists_the_served_pairs(client):
     assert client.get("/languages").json() == [
         {"code": "de", "name": "German", "targets": ["en"]},
         {"code": "fr", "name": "French", "targets": ["en"]}]
+    settings = client.get("/frontend/settings").json()
+    assert (settings["keyRequired"], settings["language"]["source"]["code"]) == (False, "de")
 
 
 def test_a_one_to_many_model_serves_each_target(one_to_many_run):
