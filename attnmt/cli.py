@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Train the model a YAML config describes. An existing "
                                             "run directory is resumed exactly.")
     add_config_options(train)
+    train.add_argument("--init-from", metavar="RUN",
+                       help="fine-tune: start from RUN's weights (train.init_checkpoint: best) and "
+                            "tokenizers, with a fresh optimizer, schedule and step count "
+                            "(train.init_from)")
     train.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                        help="train with N processes on this machine (data parallel, started "
                             "through torch.distributed.run, like torchrun)")
@@ -80,6 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(synthesize, "draw each translation from the model (sampled "
                                      "back-translation) instead of beam search")
     synthesize.set_defaults(handler=run_synthesize)
+
+    clean = commands.add_parser(
+        "clean", help="drop the pairs of a parallel corpus that no model should learn",
+        description="Filter a parallel corpus (CORPUS.SRC and CORPUS.TGT, .gz too, or a .tsv): "
+                    "a side empty, control or non-printing characters, too few or too many "
+                    "words, a length ratio beyond --max-ratio, the source equal to the target, "
+                    "exact duplicates, and with --langid a side in another language. Writes "
+                    "the kept pairs to OUT.SRC and OUT.TGT (OUT.tsv for a .tsv) and the removed "
+                    "ones, each with its filter, to OUT.removed.tsv.")
+    clean.add_argument("corpus", metavar="CORPUS", help="prefix of the two files, or a .tsv file")
+    clean.add_argument("-o", "--output", required=True, metavar="OUT", help="output prefix")
+    clean.add_argument("--src-lang", required=True)
+    clean.add_argument("--tgt-lang", required=True)
+    clean.add_argument("--min-words", type=int, default=1, help="per side (default 1)")
+    clean.add_argument("--max-words", type=int, default=250, help="per side (default 250)")
+    clean.add_argument("--max-ratio", type=float, default=3.0,
+                       help="longest side's words over the shortest's (default 3)")
+    clean.add_argument("--langid", action="store_true",
+                       help="drop pairs whose sides py3langid identifies as other languages")
+    clean.set_defaults(handler=run_clean)
 
     evaluate = commands.add_parser("evaluate", help="translate test sets and score them",
                                    description="sacreBLEU BLEU (with signature), chrF and TER, "
@@ -497,6 +521,17 @@ def named_runs(runs: list[str]) -> list[tuple[str, str]]:
     return named
 
 
+def run_clean(args) -> int:
+    from attnmt.clean import Bounds, clean_corpus, report
+
+    if not 1 <= args.min_words <= args.max_words or args.max_ratio < 1:
+        raise UserError("need 1 <= --min-words <= --max-words and --max-ratio >= 1")
+    counts = clean_corpus(args.corpus, args.output, args.src_lang, args.tgt_lang,
+                          Bounds(args.min_words, args.max_words, args.max_ratio, args.langid))
+    print(report(counts))
+    return 0
+
+
 def run_evaluate(args) -> int:
     from attnmt.data.corpus import find_language_file, read_lines
     from attnmt.evaluate import bleu_by_length, score_corpus
@@ -570,6 +605,8 @@ def run_train(args) -> int:
     from attnmt.run import default_run_dir
     from attnmt.train import train_config
 
+    if args.init_from:
+        args.set = [*args.set, f"train.init_from={args.init_from}"]
     config = load_config(args.config, args.set)
     run_dir = args.run or default_run_dir(args.config)
     if args.nproc_per_node < 1:

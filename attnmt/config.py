@@ -46,6 +46,9 @@ class DataConfig:
     vocab_size: int = 8000
     joint_vocab: bool = True
     max_len: int = 100                # training pairs longer than this (in tokens) are dropped
+    tokenizer_from: str = ""          # a run whose tokenizers this run uses instead of training
+                                      # its own (a shared vocabulary: runs that ensemble); its
+                                      # tokenizer settings replace the four above
     subword_sampling: float = 0.0     # > 0: resample training subwords every epoch (SentencePiece):
                                       # unigram smoothing alpha, or the BPE-dropout probability
     subword_nbest: int = -1           # unigram sampling: from the n best (-1: all segmentations)
@@ -228,6 +231,9 @@ class TrainConfig:
     device: str = "auto"              # auto | cpu | cuda
     threads: int = 0                  # torch threads; 0 = all cores
     compile: bool = False
+    init_from: str = ""               # a run whose weights (and tokenizers) this run starts from:
+                                      # fine-tuning, with a fresh optimizer, schedule and steps
+    init_checkpoint: str = "best"     # which of its weights: best | last | a checkpoint file
 
     def __post_init__(self):
         _choice("train", "optimizer", self.optimizer, ("adam", "adamw"))

@@ -141,7 +141,7 @@ def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, over
     """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
     from attnmt.data.binarized import prepare
 
-    config = load_config(config_path, overrides)
+    config = inherit(load_config(config_path, overrides))
     path = Path(run_dir or default_run_dir(config_path))
     refuse_subword_sampling(config, path)
     run = open_run(config, path)
@@ -167,6 +167,62 @@ def check_same_experiment(saved: Config, requested: Config, saved_path: Path) ->
             raise UserError(f"{saved_path} holds a run with a different '{section}' section: "
                             f"{', '.join(changed)}; resume with the same config or choose a new "
                             "--run directory")
+
+
+REGULARISATION = ("dropout", "attention_dropout", "ffn_dropout")   # may change when fine-tuning
+TOKENIZER_SETTINGS = ("tokenizer", "sp_model", "vocab_size", "joint_vocab")
+
+
+def inherit(config: Config) -> Config:
+    """A config that starts from another run, checked before any run directory is made:
+    ``train.init_from`` (that run's weights and tokenizers: fine-tuning) or
+    ``data.tokenizer_from`` (its tokenizers: a shared vocabulary). The run must exist and
+    translate the same pair, its vocabulary must hold every tag this config needs and, for
+    fine-tuning, its model section must match this one's but for dropout. The config comes
+    back with ``data.tokenizer_from`` naming that run and its tokenizer settings, so that
+    ``config.yaml`` says what the run uses; a mismatch is one line naming the first."""
+    init, shared = config.train.init_from, config.data.tokenizer_from
+    if not (init or shared):
+        return config
+    if init and shared and Path(shared).resolve() != Path(init).resolve():
+        raise UserError(f"train.init_from ({init}) and data.tokenizer_from ({shared}) name "
+                        "different runs: a fine-tuned model keeps the tokenizers of its weights")
+    key, source = ("train.init_from", Path(init)) if init else ("data.tokenizer_from", Path(shared))
+    if not (source / "config.yaml").is_file() or not (source / TOKENIZER_FILE).is_file():
+        raise UserError(f"{key}: {source} is not an attnmt run directory (no config.yaml and "
+                        f"{TOKENIZER_FILE})")
+    theirs = load_config(source / "config.yaml")
+    pair, their_pair = (config.data.src_lang, config.data.tgt_lang), \
+        (theirs.data.src_lang, theirs.data.tgt_lang)
+    if pair != their_pair:
+        raise UserError(f"{key}: {source} translates {'->'.join(their_pair)}, this config "
+                        f"{'->'.join(pair)}")
+    tags = load_tokenizers(source)[0].tags
+    for tag in config.data.tags:
+        if tag not in tags:
+            raise UserError(f"{key}: the vocabulary of {source} has no tag {tag} (data.synthetic "
+                            "or data.extra_tgt_langs need it); train that run with it, or set "
+                            "data.synthetic_tag: '' for untagged synthetic pairs")
+    if init:
+        mine, before = asdict(config.model), asdict(theirs.model)
+        for name, value in mine.items():
+            if name not in REGULARISATION and before[name] != value:
+                raise UserError(f"train.init_from: {source} has model.{name} {before[name]!r}, "
+                                f"this config {value!r}; fine-tuning keeps the architecture")
+        weights = RunDirectory(source).weights(config.train.init_checkpoint)
+        if not weights.is_file():
+            raise UserError(f"train.init_from: {weights} not found (train.init_checkpoint: "
+                            "best, last or a checkpoint file)")
+    data = replace(config.data, tokenizer_from=str(source),
+                   **{name: getattr(theirs.data, name) for name in TOKENIZER_SETTINGS})
+    return replace(config, data=data)
+
+
+def initial_weights(config: Config) -> Path | None:
+    """The file a fine-tuning run's weights start from (``train.init_from``), or None."""
+    if not config.train.init_from:
+        return None
+    return RunDirectory(config.train.init_from).weights(config.train.init_checkpoint)
 
 
 @dataclass

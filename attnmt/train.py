@@ -36,7 +36,8 @@ from attnmt.loss import projected_cross_entropy
 from attnmt.masks import padding_mask, target_mask
 from attnmt.model import Seq2Seq, build_model
 from attnmt.process import resolve_device, resolve_precision
-from attnmt.run import RunDirectory, TrainingData, default_run_dir, open_run, prepare_data, say
+from attnmt.run import (RunDirectory, TrainingData, default_run_dir, inherit, initial_weights,
+                        open_run, prepare_data, say)
 from attnmt.schedule import budget_progress, learning_rate
 from attnmt.search import greedy_search
 from attnmt.transformer import FeedForward
@@ -144,6 +145,11 @@ class Trainer:
         torch.manual_seed(self.train_config.seed)          # the same initial weights everywhere
         self.model = build_model(config.model, data.source_tokenizer.vocab_size,
                                  data.target_tokenizer.vocab_size).to(self.device)
+        start = initial_weights(config)
+        if start is not None and not run.exists():        # a resumed run loads its own
+            load_weights(self.model, start)
+            if cluster.is_main:
+                say(f"fine-tuning from {start}")
         if cluster.rank:                                  # different dropout on every rank
             torch.manual_seed(self.train_config.seed + 7919 * cluster.rank)
         self.ffn_dropouts = [module.hidden_dropout for module in self.model.modules()
@@ -570,6 +576,7 @@ def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=
 
 def train_config(config: Config, run_dir: str | Path) -> Path:
     """Train (or resume) a run of ``config`` in ``run_dir``."""
+    config = inherit(config)
     run = open_run(config, run_dir)
     cluster = init_cluster(resolve_device(config.train.device).type)
     try:

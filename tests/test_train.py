@@ -432,3 +432,69 @@ def test_rdrop_starts_at_its_fraction_of_the_budget_and_never_validates(tiny_con
     weights.clear()
     trainer.validation_loss()
     assert weights and not any(weights)
+
+
+# --- fine-tuning and shared vocabularies ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """A tiny run of the tiny config, for fine-tuning runs of the same config to start from."""
+    folder = tmp_path_factory.mktemp("base")
+    from conftest import TINY
+    (folder / "tiny.yaml").write_text(TINY)
+    return train(folder / "tiny.yaml", folder / "run", ["train.max_steps=30",
+                                                        "train.validate_every=30"])
+
+
+def test_fine_tuning_starts_from_the_runs_weights_and_tokenizers(tiny_config, tmp_path, base_run):
+    from attnmt.run import inherit, open_run
+
+    config = inherit(load_config(tiny_config, [f"train.init_from={base_run}", "model.dropout=0.3"]))
+    assert config.data.tokenizer_from == str(base_run)
+    run = open_run(config, tmp_path / "tuned")
+    trainer = Trainer(config, run, prepare_data(config, run))
+    shared = sorted(path.name for path in base_run.glob("spm.*.model")) + ["tokenizer.json"]
+    assert len(shared) == 3                                   # a source and a target model
+    for name in shared:
+        assert (run.path / name).read_bytes() == (base_run / name).read_bytes()
+    source = RunDirectory(base_run).load_model("best")[3].state_dict()
+    assert all(torch.equal(tensor, source[name]) for name, tensor in trainer.model.state_dict().items())
+    logged = [row for row in read_log(base_run) if row["valid_loss"]][-1]["valid_loss"]
+    assert abs(trainer.validation_loss() - float(logged)) < 1e-5
+    assert trainer.progress.step == 0
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.d_model=64", "train.init_from: {base} has model.d_model 32, this config 64; "
+                         "fine-tuning keeps the architecture"),
+    ("data.src_lang=fr", "train.init_from: {base} translates de->en, this config fr->en"),
+    ("data.extra_tgt_langs=[fr]", "train.init_from: the vocabulary of {base} has no tag <2en>"),
+    ("train.init_checkpoint=step_7.safetensors", "train.init_from: step_7.safetensors not found"),
+])
+def test_a_fine_tuning_that_cannot_fit_is_one_line_and_no_run(tiny_config, tmp_path, base_run,
+                                                              override, message):
+    run = tmp_path / "tuned"
+    result = attnmt("train", str(tiny_config), "--run", str(run), "--init-from", str(base_run),
+                    "--set", override)
+    assert result.wait(timeout=120) == 1
+    error = result.stderr.read()
+    assert error.startswith("attnmt: error: " + message.format(base=base_run)), error
+    assert error.count("\n") == 1 and not run.exists()
+
+
+def test_a_fine_tuning_run_resumes_exactly(tiny_config, tmp_path, base_run):
+    assert_resume_after_sigkill_is_exact(tiny_config, tmp_path, [f"train.init_from={base_run}"])
+
+
+def test_runs_sharing_a_vocabulary_ensemble(tiny_config, tmp_path, base_run):
+    from attnmt.translator import Translator
+
+    other = train(tiny_config, tmp_path / "other", ["train.max_steps=20", "train.validate_every=20",
+                                                    "train.seed=7", f"data.tokenizer_from={base_run}"])
+    assert (other / "spm.source.model").read_bytes() == (base_run / "spm.source.model").read_bytes()
+    ensemble = Translator.from_runs([base_run, other])
+    assert len(ensemble.translate(["sieben"])) == 1
+    alone = train(tiny_config, tmp_path / "alone", ["train.max_steps=20", "train.validate_every=20",
+                                                    "data.vocab_size=60"])
+    with pytest.raises(UserError, match="cannot ensemble"):
+        Translator.from_runs([base_run, alone])

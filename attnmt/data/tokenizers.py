@@ -211,7 +211,12 @@ Tokenizer = SentencePieceTokenizer | VocabularyTokenizer
 
 
 def train_tokenizers(config: DataConfig, source: list[str], target: list[str]):
-    """``(source tokenizer, target tokenizer)``; the same object twice for a joint vocabulary."""
+    """``(source tokenizer, target tokenizer)``; the same object twice for a joint vocabulary.
+    With ``data.tokenizer_from``, that run's tokenizers instead (checked by
+    :func:`attnmt.run.inherit`)."""
+    if config.tokenizer_from:
+        return load_tokenizers(Path(config.tokenizer_from))
+
     def train(texts, tags):
         if config.tokenizer == "sentencepiece":
             return SentencePieceTokenizer.train(texts, config.vocab_size, config.sp_model, tags)
