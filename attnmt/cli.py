@@ -105,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="drop pairs whose sides py3langid identifies as other languages")
     clean.set_defaults(handler=run_clean)
 
+    pipeline = commands.add_parser(
+        "pipeline", help="run a recipe: several commands in order, each resumable",
+        description="Run the steps of a recipe (train, synthesize, clean, export, evaluate), "
+                    "each after the steps it names, each into WORK/NAME. Steps already done are "
+                    "skipped; an interrupted one resumes. Ends with a table of the steps.")
+    pipeline.add_argument("recipe", metavar="RECIPE", help="the recipe's YAML file")
+    pipeline.add_argument("--work", metavar="DIR",
+                          help="folder of the steps' outputs (default: the recipe's 'work', else "
+                               "runs/RECIPE-NAME)")
+    pipeline.add_argument("--dry-run", action="store_true",
+                          help="print the commands in the order they would run, and stop")
+    pipeline.set_defaults(handler=run_pipeline)
+
     evaluate = commands.add_parser("evaluate", help="translate test sets and score them",
                                    description="sacreBLEU BLEU (with signature), chrF and TER, "
                                                "of one test set (--src, --ref) or several "
@@ -519,6 +532,18 @@ def named_runs(runs: list[str]) -> list[tuple[str, str]]:
     if repeated:
         raise UserError(f"two served models are named {repeated[0]!r}; name them with NAME=RUN")
     return named
+
+
+def run_pipeline(args) -> int:
+    from attnmt.pipeline import Pipeline, summary
+
+    pipeline = Pipeline(args.recipe, args.work)
+    rows = pipeline.run(dry_run=args.dry_run, echo=lambda line: print(line, flush=True))
+    if not args.dry_run:
+        if all(row["status"] == "done before" for row in rows):
+            print(f"every step of {args.recipe} is done ({pipeline.record_path}); nothing to run")
+        print(summary(rows))
+    return 0
 
 
 def run_clean(args) -> int:

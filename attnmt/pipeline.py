@@ -1,0 +1,283 @@
+"""``attnmt pipeline RECIPE.yaml``: a recipe of several commands run as one.
+
+A recipe names its steps, each one attnmt command with its options::
+
+    work: runs/numbers          # where every step's output goes (--work overrides; default
+                                # runs/RECIPE-NAME, from where the command runs)
+    steps:
+      reverse: {train: configs/numbers_de_en.yaml, set: [data.src_lang=en, data.tgt_lang=de]}
+      back: {synthesize: [reverse], input: mono.en}
+      teacher: {train: configs/numbers_de_en.yaml, set: ["data.synthetic=[@back]"]}
+      fast: {export: teacher}
+      score: {evaluate: [teacher], test: [data/test]}
+
+``@name`` in a value (and the run names of ``synthesize``, ``export`` and ``evaluate``)
+stands for that step's output: a train step's run directory, a synthesize step's pairs
+(``WORK/NAME/pairs``, a prefix), a clean step's corpus (``WORK/NAME/clean``), an export's
+folder. The references order the steps; a step runs after those it names. A relative path
+that exists beside the recipe (a config, a text, a setting's value) is read from there;
+inside a list (``data.synthetic=[...]``) give references or paths as written.
+``$VARIABLES`` are expanded (``$ATTNMT_DATA/test_2016_flickr``).
+
+Each step runs as its own ``attnmt`` process, its output in ``WORK/NAME.log``. A step that
+ends well is recorded in ``WORK/pipeline.json``; running the recipe again skips it. An
+interrupted step is started again with the same command, and resumes as the command
+itself does: a training run exactly, a synthesis with ``--resume``; clean, export and
+evaluate start over. A failing step stops the pipeline with its log's last line; the
+earlier steps' outputs stay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from attnmt.errors import UserError
+
+ACTIONS = ("train", "synthesize", "clean", "export", "evaluate")
+OPTIONS = {   # what each action accepts besides its own key, and the command-line flag of each
+    "train": {"set": "--set"},
+    "synthesize": {"input": "-i", "target_lang": "--target-lang", "beam": "--beam",
+                   "sample": "--sample", "temperature": "--temperature", "top_k": "--top-k",
+                   "top_p": "--top-p", "seed": "--seed", "engine": "--engine"},
+    "clean": {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "max_ratio": "--max-ratio",
+              "min_words": "--min-words", "max_words": "--max-words", "langid": "--langid"},
+    "export": {"quantization": "--quantization"},
+    "evaluate": {"test": "--test", "beam": "--beam", "engine": "--engine"},
+}
+REFERENCE = re.compile(r"@([A-Za-z0-9_-]+)")
+
+
+@dataclass
+class Step:
+    name: str
+    action: str
+    target: object                   # the action's value: a config, runs, a corpus
+    options: dict
+
+    def references(self) -> list[str]:
+        """The steps this one needs."""
+        named = []
+        if self.action in ("synthesize", "export", "evaluate"):
+            named += [run for run in _as_list(self.target) if not _looks_like_path(run)]
+        for value in [self.target, *self.options.values()]:
+            for text in _as_list(value):
+                named += REFERENCE.findall(str(text))
+        return list(dict.fromkeys(named))
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _looks_like_path(text) -> bool:
+    return "/" in str(text) or str(text).startswith(".")
+
+
+def read_recipe(path: str | Path) -> tuple[list[Step], Path]:
+    """The recipe's steps in an order that runs each after those it names, and its work
+    folder; one line naming the first problem otherwise."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"recipe not found: {path}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("steps"), dict) or not raw["steps"]:
+        raise UserError(f"{path}: a recipe is a mapping with 'steps' (name: command) and "
+                        "optionally 'work'")
+    unknown = set(raw) - {"steps", "work"}
+    if unknown:
+        raise UserError(f"{path}: unknown key {sorted(unknown)[0]!r} (a recipe has steps, work)")
+    steps = {}
+    for name, body in raw["steps"].items():
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+            raise UserError(f"{path}: step name {name!r}: letters, digits, - and _ only")
+        actions = [key for key in (body or {}) if key in ACTIONS] if isinstance(body, dict) else []
+        if len(actions) != 1:
+            raise UserError(f"step {name}: give exactly one of {', '.join(ACTIONS)}")
+        action = actions[0]
+        options = {key: value for key, value in body.items() if key != action}
+        for key in options:
+            if key not in OPTIONS[action]:
+                raise UserError(f"step {name}: {action} takes {', '.join(OPTIONS[action])}, "
+                                f"not {key!r}")
+        steps[name] = Step(str(name), action, body[action], options)
+    return _ordered(steps), Path(str(raw.get("work", f"runs/{path.stem}")))
+
+
+def _ordered(steps: dict[str, Step]) -> list[Step]:
+    order, visiting = [], set()
+
+    def visit(step: Step) -> None:
+        if step in order:
+            return
+        if step.name in visiting:
+            raise UserError(f"step {step.name} depends on itself through its references")
+        visiting.add(step.name)
+        for name in step.references():
+            if name not in steps:
+                raise UserError(f"step {step.name} names {name!r}, which is not a step")
+            visit(steps[name])
+        visiting.discard(step.name)
+        order.append(step)
+
+    for step in steps.values():
+        visit(step)
+    return order
+
+
+def output(step: Step, work: Path) -> Path:
+    """Where a step writes: a run directory, a prefix of pairs, a folder."""
+    return {"train": work / step.name, "synthesize": work / step.name / "pairs",
+            "clean": work / step.name / "clean", "export": work / step.name,
+            "evaluate": work / step.name / "scores.txt"}[step.action]
+
+
+def command(step: Step, steps: dict[str, Step], work: Path, base: Path) -> list[str]:
+    """The ``attnmt`` command of a step, references replaced by paths."""
+    def resolve(text) -> str:
+        """References replaced by paths; a path that exists beside the recipe made absolute
+        (a setting's value too: ``data.train=corpus``)."""
+        text = REFERENCE.sub(lambda match: str(output(steps[match.group(1)], work)),
+                             os.path.expandvars(str(text)))
+        if "=" in text:
+            key, value = text.split("=", 1)
+            return f"{key}={resolve(value)}"
+        beside = base / text
+        found = beside.exists() or any(beside.parent.glob(beside.name + ".*")) \
+            if text and not text.startswith(("/", "[")) else False
+        return str(beside) if found else text
+
+    def run(name) -> str:
+        return str(output(steps[name], work)) if name in steps else resolve(name)
+
+    out = output(step, work)
+    if step.action == "train":
+        arguments = ["train", resolve(step.target), "--run", str(out)]
+    elif step.action == "synthesize":
+        arguments = ["synthesize", *map(run, _as_list(step.target)), "-o", str(out)]
+        if any(out.parent.glob(f"{out.name}.*.resume.json")):      # interrupted: continue
+            arguments.append("--resume")
+    elif step.action == "clean":
+        arguments = ["clean", resolve(step.target), "-o", str(out)]
+    elif step.action == "export":
+        arguments = ["export", run(step.target), str(out), "--force"]
+    else:
+        arguments = ["evaluate", *map(run, _as_list(step.target))]
+    for key, value in step.options.items():
+        flag = OPTIONS[step.action][key]
+        if key == "set":
+            for setting in _as_list(value):
+                arguments += ["--set", resolve(setting)]
+        elif value is True:
+            arguments.append(flag)
+        elif value is not False:
+            values = [resolve(item) for item in _as_list(value)]
+            arguments += [flag, *values]
+    return arguments
+
+
+class Pipeline:
+    """A recipe's steps, the record of those done, and how to run the rest."""
+
+    def __init__(self, recipe: str | Path, work: str | Path | None = None):
+        self.steps, default_work = read_recipe(recipe)
+        self.base = Path(recipe).resolve().parent
+        self.work = (Path(work) if work else default_work).resolve()
+        self.by_name = {step.name: step for step in self.steps}
+        self.record_path = self.work / "pipeline.json"
+
+    def done(self) -> dict:
+        if not self.record_path.is_file():
+            return {}
+        try:
+            return json.loads(self.record_path.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"{self.record_path} is damaged; remove it to run every step "
+                            "again (finished runs resume at once)") from None
+
+    def command(self, step: Step) -> list[str]:
+        return command(step, self.by_name, self.work, self.base)
+
+    def run(self, dry_run: bool = False, echo=print) -> list[dict]:
+        """Run the steps not yet done, in order; the summary rows of every step."""
+        done, rows = self.done(), []
+        for step in self.steps:
+            arguments = self.command(step)
+            if dry_run:
+                echo("attnmt " + shlex.join(arguments))
+                continue
+            if step.name in done:
+                rows.append({**done[step.name], "step": step.name, "status": "done before"})
+                continue
+            rows.append(self._run_step(step, arguments, done, echo))
+        return rows
+
+    def _run_step(self, step: Step, arguments: list[str], done: dict, echo) -> dict:
+        self.work.mkdir(parents=True, exist_ok=True)
+        output(step, self.work).parent.mkdir(parents=True, exist_ok=True)
+        log = self.work / f"{step.name}.log"
+        echo(f"[{step.name}] attnmt {shlex.join(arguments)}")
+        start = time.perf_counter()
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"$ attnmt {shlex.join(arguments)}\n")
+            handle.flush()
+            finished = subprocess.run([sys.executable, "-m", "attnmt", *arguments],
+                                      stdout=handle, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "TQDM_DISABLE": "1"})
+        minutes = round((time.perf_counter() - start) / 60, 2)
+        if finished.returncode:
+            last = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise UserError(f"step {step.name} failed: {last[-1] if last else 'no output'} "
+                            f"(its log: {log}); the steps before it are kept")
+        row = {"step": step.name, "status": "ran", "minutes": minutes,
+               "valid_bleu": validation_bleu(step, self.work),
+               "test_bleu": self._test_bleu(step, log)}
+        done[step.name] = {key: row[key] for key in ("minutes", "valid_bleu", "test_bleu")}
+        temporary = self.record_path.with_suffix(".json.partial")
+        temporary.write_text(json.dumps(done, indent=1))
+        os.replace(temporary, self.record_path)
+        return row
+
+
+    def _test_bleu(self, step: Step, log: Path) -> str | None:
+        """An evaluate step's scores, written to its ``scores.txt`` from its last run's
+        output; ``set BLEU, ...`` for the summary."""
+        if step.action != "evaluate":
+            return None
+        printed = log.read_text(encoding="utf-8").rsplit("$ attnmt ", 1)[-1].split("\n", 1)[-1]
+        output(step, self.work).write_text(printed, encoding="utf-8")
+        rows = [line.split("|") for line in printed.splitlines()
+                if line.startswith("| ") and not line.startswith(("| test set", "| ---"))]
+        return ", ".join(f"{row[1].strip()} {row[3].strip()}" for row in rows) or None
+
+
+def validation_bleu(step: Step, work: Path) -> float | None:
+    """The best validation BLEU in a train step's log.csv."""
+    if step.action != "train":
+        return None
+    from attnmt.run import RunDirectory
+
+    values = [value for _, value in RunDirectory(work / step.name).log_values("valid_bleu")]
+    return round(max(values), 2) if values else None
+
+
+def summary(rows: list[dict]) -> str:
+    lines = ["| step | status | minutes | validation BLEU | test BLEU |",
+             "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        bleu = "" if row.get("valid_bleu") is None else f"{row['valid_bleu']:.2f}"
+        lines.append(f"| {row['step']} | {row['status']} | {row.get('minutes', '')} | {bleu} "
+                     f"| {row.get('test_bleu') or ''} |")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""attnmt pipeline: a recipe's steps in order, skipped when done, resumed when killed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnmt.data.numbers import numbers_corpus
+from attnmt.errors import UserError
+from attnmt.pipeline import Pipeline
+from conftest import TINY
+
+
+def pipeline(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "attnmt", "pipeline", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, **kwargs)
+
+
+@pytest.fixture
+def recipe_folder(tmp_path):
+    """The tiny config and a text of English number words beside the recipes of a test."""
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    text = numbers_corpus("train", "de", "en", 999, {"train": 80, "valid": 0, "test": 0}, 5)
+    (tmp_path / "mono.en").write_text("".join(line + "\n" for line in text.target))
+    (tmp_path / "test.de").write_text("sieben\nzweiundvierzig\n")
+    (tmp_path / "test.en").write_text("seven\nforty-two\n")
+    return tmp_path
+
+
+CHAIN = """
+steps:
+  score:                               # listed first, runs last: it names the others
+    evaluate: [teacher]
+    test: [test]
+  teacher:
+    train: tiny.yaml
+    set: ["data.synthetic=[@back]", train.max_steps=30, train.validate_every=30]
+  reverse:
+    train: tiny.yaml
+    set: [data.src_lang=en, data.tgt_lang=de, train.max_steps=30, train.validate_every=30]
+  back:
+    synthesize: reverse
+    input: mono.en
+    beam: 2
+"""
+
+
+def test_a_recipe_runs_in_order_and_a_second_run_does_nothing(recipe_folder):
+    (recipe_folder / "chain.yaml").write_text(CHAIN)
+    work = recipe_folder / "work"
+    dry = pipeline(recipe_folder / "chain.yaml", "--work", work, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    order = [line.split()[1] + " " + line.split()[2] for line in dry.stdout.splitlines()]
+    assert order == [f"train {recipe_folder / 'tiny.yaml'}", f"synthesize {work / 'reverse'}",
+                     f"train {recipe_folder / 'tiny.yaml'}", f"evaluate {work / 'teacher'}"]
+    assert f"--set data.synthetic=[{work / 'back' / 'pairs'}]" in dry.stdout.replace("'", "")
+    assert not work.exists()
+
+    first = pipeline(recipe_folder / "chain.yaml", "--work", work)
+    assert first.returncode == 0, first.stderr
+    assert json.loads((work / "pipeline.json").read_text()).keys() == \
+        {"reverse", "back", "teacher", "score"}
+    assert (work / "back" / "pairs.de").read_text().count("\n") == 80
+    assert (work / "teacher" / "best.safetensors").is_file()
+    assert "| test | 2 |" in (work / "score" / "scores.txt").read_text()
+    table = first.stdout.split("| step |")[1]
+    assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == \
+        ["reverse", "back", "teacher", "score"]
+    assert all(line.split("|")[2].strip() == "ran" for line in table.splitlines()[2:])
+
+    second = pipeline(recipe_folder / "chain.yaml", "--work", work)
+    assert second.returncode == 0 and "nothing to run" in second.stdout
+    assert "done before" in second.stdout and "[reverse]" not in second.stdout
+
+
+def test_a_killed_step_resumes_to_the_same_outputs(recipe_folder):
+    (recipe_folder / "long.yaml").write_text(
+        "steps:\n  model:\n    train: tiny.yaml\n    set: [train.max_steps=200, train.validate_every=50]\n")
+    reference = pipeline(recipe_folder / "long.yaml", "--work", recipe_folder / "reference")
+    assert reference.returncode == 0, reference.stderr
+    work = recipe_folder / "killed"
+    victim = subprocess.Popen([sys.executable, "-m", "attnmt", "pipeline", recipe_folder / "long.yaml",
+                               "--work", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    log, deadline = work / "model" / "log.csv", time.time() + 240
+    while time.time() < deadline:
+        steps = [int(line.split(",")[0]) for line in log.read_text().splitlines()[1:]] \
+            if log.is_file() else []
+        if steps and max(steps) >= 70:
+            break
+        time.sleep(0.02)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert not (work / "pipeline.json").exists()
+    resumed = pipeline(recipe_folder / "long.yaml", "--work", work)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in (work / "model.log").read_text()
+    ours, theirs = (load_file(str(folder / "model" / "last.safetensors"))
+                    for folder in (work, recipe_folder / "reference"))
+    assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+
+
+def test_a_failing_step_stops_the_pipeline_and_keeps_what_was_done(recipe_folder):
+    (recipe_folder / "broken.yaml").write_text("""
+steps:
+  model:
+    train: tiny.yaml
+    set: [train.max_steps=20, train.validate_every=20]
+  back:
+    synthesize: model
+    input: missing.txt
+  after:
+    export: back
+""")
+    work = recipe_folder / "work"
+    failed = pipeline(recipe_folder / "broken.yaml", "--work", work)
+    assert failed.returncode == 1
+    assert failed.stderr == (f"attnmt: error: step back failed: attnmt: error: file not found: "
+                             f"missing.txt (its log: {work / 'back.log'}); the steps before it "
+                             "are kept\n")
+    assert json.loads((work / "pipeline.json").read_text()).keys() == {"model"}
+    assert (work / "model" / "best.safetensors").is_file()
+
+
+@pytest.mark.parametrize("recipe,message", [
+    ("steps:\n  a: {train: x.yaml, export: y}\n", "step a: give exactly one of"),
+    ("steps:\n  a: {export: b}\n", "step a names 'b', which is not a step"),
+    ("steps:\n  a: {export: b}\n  b: {export: a}\n", "depends on itself"),
+    ("steps:\n  a: {train: x.yaml, beam: 5}\n", "step a: train takes set, not 'beam'"),
+    ("stages: {}\n", "a recipe is a mapping with 'steps'"),
+    ("steps: [1, 2\n", "is not valid YAML"),
+])
+def test_a_bad_recipe_is_one_line(tmp_path, recipe, message):
+    (tmp_path / "bad.yaml").write_text(recipe)
+    with pytest.raises(UserError, match=message):
+        Pipeline(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("name", ["numbers", "de_en"])
+def test_the_shipped_recipes_read(name):
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / f"{name}.yaml"
+    pipeline = Pipeline(recipe)
+    steps = [step.name for step in pipeline.steps]
+    assert steps.index("back") > steps.index("en_de" if name == "de_en" else "reverse")
+    for step in pipeline.steps:                        # every command resolves
+        assert pipeline.command(step)[0] == step.action
