@@ -141,8 +141,8 @@ def prepare_run(config_path: str | Path, run_dir: str | Path | None = None, over
     """``attnmt prepare``: tokenizers and the memory-mapped training split of a run."""
     from attnmt.data.binarized import prepare
 
-    config = inherit(load_config(config_path, overrides))
     path = Path(run_dir or default_run_dir(config_path))
+    config = inherit(load_config(config_path, overrides), path)
     refuse_subword_sampling(config, path)
     run = open_run(config, path)
     save_config(config, run.config)
@@ -173,14 +173,16 @@ REGULARISATION = ("dropout", "attention_dropout", "ffn_dropout")   # may change 
 TOKENIZER_SETTINGS = ("tokenizer", "sp_model", "vocab_size", "joint_vocab")
 
 
-def inherit(config: Config) -> Config:
+def inherit(config: Config, run_dir: str | Path | None = None) -> Config:
     """A config that starts from another run, checked before any run directory is made:
     ``train.init_from`` (that run's weights and tokenizers: fine-tuning) or
     ``data.tokenizer_from`` (its tokenizers: a shared vocabulary). The run must exist and
     translate the same pair, its vocabulary must hold every tag this config needs and, for
     fine-tuning, its model section must match this one's but for dropout. The config comes
     back with ``data.tokenizer_from`` naming that run and its tokenizer settings, so that
-    ``config.yaml`` says what the run uses; a mismatch is one line naming the first."""
+    ``config.yaml`` says what the run uses; a mismatch is one line naming the first. A run
+    in ``run_dir`` that began from the same run was checked then: it continues even if
+    that run is gone (it holds the tokenizers, and its own weights once it has saved)."""
     init, shared = config.train.init_from, config.data.tokenizer_from
     if not (init or shared):
         return config
@@ -188,6 +190,13 @@ def inherit(config: Config) -> Config:
         raise UserError(f"train.init_from ({init}) and data.tokenizer_from ({shared}) name "
                         "different runs: a fine-tuned model keeps the tokenizers of its weights")
     key, source = ("train.init_from", Path(init)) if init else ("data.tokenizer_from", Path(shared))
+    saved = Path(run_dir) / "config.yaml" if run_dir is not None else None
+    if saved is not None and saved.is_file():
+        before = load_config(saved).data
+        if before.tokenizer_from and Path(before.tokenizer_from).resolve() == source.resolve():
+            return replace(config, data=replace(
+                config.data, tokenizer_from=before.tokenizer_from,
+                **{name: getattr(before, name) for name in TOKENIZER_SETTINGS}))
     if not (source / "config.yaml").is_file() or not (source / TOKENIZER_FILE).is_file():
         raise UserError(f"{key}: {source} is not an attnmt run directory (no config.yaml and "
                         f"{TOKENIZER_FILE})")

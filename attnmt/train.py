@@ -576,7 +576,7 @@ def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=
 
 def train_config(config: Config, run_dir: str | Path) -> Path:
     """Train (or resume) a run of ``config`` in ``run_dir``."""
-    config = inherit(config)
+    config = inherit(config, run_dir)
     run = open_run(config, run_dir)
     cluster = init_cluster(resolve_device(config.train.device).type)
     try:

@@ -498,3 +498,16 @@ def test_runs_sharing_a_vocabulary_ensemble(tiny_config, tmp_path, base_run):
                                                     "data.vocab_size=60"])
     with pytest.raises(UserError, match="cannot ensemble"):
         Translator.from_runs([base_run, alone])
+
+
+def test_a_fine_tuning_run_continues_without_its_source(tiny_config, tmp_path, base_run):
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(base_run, source)
+    settings = [f"train.init_from={source}", "train.validate_every=20"]
+    run = train(tiny_config, tmp_path / "tuned", settings + ["train.max_steps=20"])
+    shutil.rmtree(source)
+    train(tiny_config, run, settings + ["train.max_steps=40"])
+    assert int(read_log(run)[-1]["step"]) == 40
+    assert load_config(run / "config.yaml").data.tokenizer_from == str(source)
