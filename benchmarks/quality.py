@@ -9,7 +9,10 @@ decoding settings (beam 5, alpha 0.6 in the presets) and prints one row of the R
 results table: parameters, training minutes, updates, target tokens/s, sacreBLEU BLEU and
 chrF cased and lowercased on test_2016_flickr, then BLEU on each set. The row is also
 written to ``DIR/quality.json``: the test_2016_flickr scores at its top level, every
-set's under ``test_sets``. The budget is minutes
+set's under ``test_sets``, and what the figures depend on under ``provenance``: the
+machine as what it is (CPU model, cores, its bf16 or AMX support; the GPU), the precision
+and threads the run trained with, its seed, the commit and date of the scoring, and the
+resolved config. The budget is minutes
 of training time (validation not counted), so the result depends on the machine's
 speed: run it with nothing else on the machine.
 """
@@ -21,6 +24,7 @@ import os
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -89,6 +93,36 @@ def test_scores(run: Path, data_dir: str) -> dict:
             "test_sets": scores}
 
 
+def machine() -> str:
+    """The machine as what it is: ``2-core AMD EPYC with AVX-512 BF16`` or the GPU's name."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")] if Path("/proc/cpuinfo").is_file() else []
+    flags = ("AMX" if torch.cpu._is_amx_tile_supported() else
+             "AVX-512 BF16" if torch.cpu._is_avx512_bf16_supported() else
+             "AVX-512" if torch.cpu._is_avx512_supported() else
+             "AVX2" if torch.cpu._is_avx2_supported() else "no AVX2")
+    return f"{len(os.sched_getaffinity(0))}-core {names[0] if names else 'CPU'} with {flags}"
+
+
+def provenance(run: Path) -> dict:
+    from attnmt.config import load_config
+    from attnmt.process import resolve_device, resolve_precision
+
+    config = load_config(run / "config.yaml")
+    device = resolve_device(config.train.device)
+    dtype = resolve_precision(config.train.precision, device)
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
+    return {"machine": machine(), "precision": "fp32" if dtype is None else str(dtype).split(".")[-1],
+            "threads": config.train.threads or len(os.sched_getaffinity(0)),
+            "seed": config.train.seed, "commit": commit or None,
+            "date": time.strftime("%Y-%m-%d", time.gmtime()), "config": config.to_dict()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
@@ -99,7 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     train(args.config, args.run, args.data_dir, args.set)
     row = {"config": args.config, "overrides": args.set, **training_figures(args.run),
-           **test_scores(args.run, args.data_dir)}
+           **test_scores(args.run, args.data_dir), "provenance": provenance(args.run)}
     (args.run / "quality.json").write_text(json.dumps(row, indent=1) + "\n")
     print(json.dumps(row, indent=1))
     print(f"| {Path(args.config).stem} {' '.join(args.set)} | {row['parameters']:,} | {row['minutes']} "
