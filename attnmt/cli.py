@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="accept only requests with a key listed in FILE (one per line, each "
                             "optionally followed by its requests per minute): 403 without, 429 "
                             "beyond its rate")
+    serve.add_argument("--client-rate", type=int, default=0, metavar="N",
+                       help="requests per minute each client address may make to /translate "
+                            "and /detect; beyond it 429 with Retry-After (0: no limit)")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
@@ -510,12 +513,14 @@ def run_serve(args) -> int:
                     args.max_response_values, args.max_queue_response_values)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 1 (or 0: the engine's default), got {args.workers}")
+    if args.client_rate < 0:
+        raise UserError(f"--client-rate must be at least 0, got {args.client_rate}")
     api_keys = ApiKeys.from_file(args.api_keys) if args.api_keys else None
     args.beam, args.target_lang = None, None
     translators = {name: load_translator(args, [run]) for name, run in named_runs(args.run)}
     print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(translators, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
-          args.workers, api_keys)
+          args.workers, api_keys, args.client_rate)
     return 0
 
 

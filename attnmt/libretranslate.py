@@ -199,10 +199,32 @@ class LanguageDetector:
 
 
 @dataclass
+class RateWindow:
+    """Requests per minute per key (an API key, a client's address), over a sliding minute."""
+    recent: dict[str, deque] = field(default_factory=dict)
+    most_keys: int = 10_000          # beyond, keys without a request this minute are dropped
+
+    def admit(self, key: str, limit: int, who: str, now: float | None = None) -> None:
+        """Count a request of ``key``, or 429 with the seconds until its oldest request of
+        the last minute leaves the window."""
+        now = time.monotonic() if now is None else now
+        if len(self.recent) > self.most_keys:
+            self.recent = {k: times for k, times in self.recent.items() if times[-1] > now - 60}
+        recent = self.recent.setdefault(key, deque())
+        while recent and recent[0] <= now - 60:
+            recent.popleft()
+        if len(recent) >= limit:
+            wait = max(1, math.ceil(recent[0] + 60 - now))
+            raise ApiError(429, f"Slowdown: {who} may make {limit} requests per minute; "
+                                f"retry in {wait} s", retry_after=wait)
+        recent.append(now)
+
+
+@dataclass
 class ApiKeys:
     """The keys a server accepts, each with its requests per minute (0: no limit)."""
     per_minute: dict[str, int]
-    recent: dict[str, deque] = field(default_factory=dict)
+    window: RateWindow = field(default_factory=RateWindow)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ApiKeys":
@@ -232,15 +254,5 @@ class ApiKeys:
             raise ApiError(403, "Please provide an API key (api_key)")
         if key not in self.per_minute:
             raise ApiError(403, "Invalid API key")
-        limit = self.per_minute[key]
-        if not limit:
-            return
-        now = time.monotonic() if now is None else now
-        recent = self.recent.setdefault(key, deque())
-        while recent and recent[0] <= now - 60:
-            recent.popleft()
-        if len(recent) >= limit:
-            wait = max(1, math.ceil(recent[0] + 60 - now))
-            raise ApiError(429, f"Slowdown: this key may make {limit} requests per minute; "
-                                f"retry in {wait} s", retry_after=wait)
-        recent.append(now)
+        if self.per_minute[key]:
+            self.window.admit(key, self.per_minute[key], "this key", now)

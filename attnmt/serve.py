@@ -490,12 +490,13 @@ def served_models(translators: Translator | dict[str, Translator]) -> dict[str, 
 
 def create_app(translators: Translator | dict[str, Translator], limits: Limits = Limits(),
                micro_batch: bool = True, wait_ms: float = 5.0, workers: int = 0,
-               api_keys: libre.ApiKeys | None = None) -> FastAPI:
+               api_keys: libre.ApiKeys | None = None, client_rate: int = 0) -> FastAPI:
     """The API over one translator or several (``{name: translator}``, the first the default;
     a request's ``model`` names another). ``workers``: batches decoded at once per model
     (0: :func:`default_workers`); more than one only pays on an engine that runs them in
     parallel (CTranslate2, whose threads each take a batch). ``api_keys``: when given,
-    ``/translate`` and ``/detect`` need one of its keys and keep to its request rate."""
+    ``/translate`` and ``/detect`` need one of its keys and keep to its request rate.
+    ``client_rate``: requests per minute each client address may make to them (0: any)."""
     # No /docs or /redoc: their pages load scripts from the internet (blank offline).
     app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer",
                   docs_url=None, redoc_url=None)
@@ -509,6 +510,12 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one large response at a time
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
     libre_api = LibreTranslateApi(models, limits, waiting, renderer)
+    clients = libre.RateWindow()
+
+    def admit_client(request: Request) -> None:
+        if client_rate:
+            address = request.client.host if request.client else "unknown"
+            clients.admit(address, client_rate, "a client")
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
@@ -533,6 +540,7 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     @app.post("/detect")
     async def detect(request: Request):
         try:
+            admit_client(request)
             found = await libre.parameters(request)
             if api_keys is not None:
                 api_keys.admit(found.get("api_key"))
@@ -542,6 +550,10 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
 
     @app.post("/translate")
     async def translate(request: Request):
+        try:
+            admit_client(request)
+        except libre.ApiError as error:
+            return _error(error.status, error.message, error.retry_after)
         body = await request.body()
         try:
             parsed = json.loads(body) if body.strip() else {}
@@ -772,8 +784,8 @@ def default_workers(translator: Translator) -> int:
 
 def serve(translators: Translator | dict[str, Translator], host: str, port: int, limits: Limits,
           micro_batch: bool, wait_ms: float, workers: int = 0,
-          api_keys: libre.ApiKeys | None = None) -> None:
+          api_keys: libre.ApiKeys | None = None, client_rate: int = 0) -> None:
     import uvicorn
 
-    app = create_app(translators, limits, micro_batch, wait_ms, workers, api_keys)
+    app = create_app(translators, limits, micro_batch, wait_ms, workers, api_keys, client_rate)
     uvicorn.run(app, host=host, port=port, log_level="warning")

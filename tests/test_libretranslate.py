@@ -236,6 +236,32 @@ def test_keys_are_required_and_rated(tiny_runs, tmp_path):
         assert client.get("/info").json()["api_keys"] is True
 
 
+def test_each_client_address_has_its_rate(tiny_runs):
+    app = create_app(Translator.from_run(tiny_runs["transformer"]), client_rate=3)
+    with TestClient(app) as client:
+        answers = [client.post("/translate", json={"text": "sieben"}),
+                   client.post("/translate", json={"q": "sieben", "source": "de", "target": "en"}),
+                   client.post("/detect", data={"q": "sieben"})]
+        assert [answer.status_code for answer in answers] == [200, 200, 200]
+        refused = client.post("/translate", json={"text": "sieben"})
+        assert refused.status_code == 429 and refused.json()["error"].startswith(
+            "Slowdown: a client may make 3 requests per minute; retry in ")
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert client.get("/health").status_code == 200          # only translation is rated
+
+
+def test_a_rate_window_forgets_idle_clients():
+    from attnmt.libretranslate import RateWindow
+
+    window = RateWindow(most_keys=2)
+    for number, address in enumerate(["a", "b", "c"]):
+        window.admit(address, 1, "a client", now=float(number))
+    window.admit("d", 1, "a client", now=100.0)                  # a, b, c idle for a minute
+    assert list(window.recent) == ["d"]
+    with pytest.raises(ApiError):
+        window.admit("d", 1, "a client", now=101.0)
+
+
 def test_a_key_frees_its_rate_after_a_minute():
     keys = ApiKeys({"alice": 1})
     keys.admit("alice", now=100.0)
