@@ -83,9 +83,10 @@ def is_libretranslate(content_type: str, query: dict, body: object) -> bool:
         isinstance(body, dict) and any(name in body for name in ("q", "source", "target")))
 
 
-async def parameters(request) -> dict:
+async def parameters(request, parsed: object = None) -> dict:
     """The request's parameters, from its query string and its body (JSON or form), the
-    body's winning; 400 when the body cannot be read."""
+    body's winning; 400 when the body cannot be read. ``parsed``: the JSON body, when the
+    caller has parsed it already."""
     found = dict(request.query_params)
     content_type = request.headers.get("content-type", "")
     try:
@@ -97,12 +98,12 @@ async def parameters(request) -> dict:
             form = await request.form()
             found.update({key: value for key, value in form.items() if isinstance(value, str)})
         else:
-            raw = await request.body()
-            if raw.strip():
-                body = json.loads(raw)
-                if not isinstance(body, dict):
-                    raise ApiError(400, "Invalid request: the body must be a JSON object")
-                found.update(body)
+            if parsed is None:
+                raw = await request.body()
+                parsed = json.loads(raw) if raw.strip() else {}
+            if not isinstance(parsed, dict):
+                raise ApiError(400, "Invalid request: the body must be a JSON object")
+            found.update(parsed)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ApiError(400, f"Invalid request: the body cannot be read ({error})") from None
     return found
@@ -176,9 +177,7 @@ class LanguageDetector:
         from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
         self.identifier = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-        known = set(self.identifier.labels)
-        self.candidates = sorted(set(candidates) & known)
-        self.unknown = sorted(set(candidates) - known)
+        self.candidates = sorted(set(candidates) & set(self.identifier.labels))
         self.lock = threading.Lock()              # set_languages changes the identifier
         self.restricted_to: tuple[str, ...] | None = None
 

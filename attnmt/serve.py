@@ -341,14 +341,13 @@ def render(name: str, translations: list[Translation], attention: bool, maps: li
                       allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def read_translate_request(body: bytes) -> TranslateRequest:
-    """attnmt's own request from its JSON body (422 naming the field at fault)."""
+def read_translate_request(parsed: object, unreadable: Exception | None) -> TranslateRequest:
+    """attnmt's own request from its parsed JSON body, or the error that parsing raised
+    (422 naming the field at fault)."""
+    if unreadable is not None:
+        raise LimitError(422, f"invalid request: body: JSON decode error ({unreadable})")
     try:
-        found = json.loads(body) if body.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise LimitError(422, f"invalid request: body: JSON decode error ({error})") from None
-    try:
-        return TranslateRequest.model_validate(found)
+        return TranslateRequest.model_validate(parsed)
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(('body',) + tuple(str(p) for p in e['loc']))}: "
                              f"{e['msg']}" for e in error.errors())
@@ -555,15 +554,15 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
         except libre.ApiError as error:
             return _error(error.status, error.message, error.retry_after)
         body = await request.body()
-        try:
-            parsed = json.loads(body) if body.strip() else {}
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            parsed = None
+        try:                                           # the body is parsed once, for both shapes
+            parsed, unreadable = (json.loads(body) if body.strip() else {}), None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            parsed, unreadable = None, error
         if libre.is_libretranslate(request.headers.get("content-type", ""),
                                    request.query_params, parsed):
-            return await translate_libre(request)
+            return await translate_libre(request, parsed)
         try:
-            translation_request = read_translate_request(body)
+            translation_request = read_translate_request(parsed, unreadable)
             if api_keys is not None:
                 _admit(translation_request.api_key)
             model = models.get(translation_request.model or default.name)
@@ -591,9 +590,9 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
         except libre.ApiError as error:
             raise LimitError(error.status, error.message, error.retry_after) from None
 
-    async def translate_libre(request: Request):
+    async def translate_libre(request: Request, parsed: object):
         try:
-            found = await libre.parameters(request)
+            found = await libre.parameters(request, parsed)
             if api_keys is not None:
                 api_keys.admit(found.get("api_key"))
             return await libre_api.translate(libre.read_request(found))

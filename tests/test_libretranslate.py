@@ -111,13 +111,14 @@ def test_json_form_and_query_requests_translate_alike(client, translators):
 
 
 def test_a_list_of_texts_and_alternatives(client, translators):
-    answer = client.post("/translate", json={"q": ["Sieben.", "Acht."], "source": "de",
-                                             "target": "en", "alternatives": 2}).json()
-    assert answer["translatedText"] == native(translators, "de_en", ["Sieben.", "Acht."])
-    best = translators["de_en"].translate(["Sieben."], beam=5, n_best=3)[0]
-    others = [h.text for h in best.hypotheses[1:] if h.text != best.best.text]
-    assert answer["alternatives"][0] == list(dict.fromkeys(others))
-    assert len(answer["alternatives"]) == 2
+    texts = ["Sieben.", "Acht."]
+    answer = client.post("/translate", json={"q": texts, "source": "de", "target": "en",
+                                             "alternatives": 2}).json()
+    assert answer["translatedText"] == native(translators, "de_en", texts)
+    for translation, alternatives in zip(translators["de_en"].translate(texts, beam=5, n_best=3),
+                                         answer["alternatives"], strict=True):
+        others = [h.text for h in translation.hypotheses[1:] if h.text != translation.best.text]
+        assert alternatives == list(dict.fromkeys(others))
 
 
 def test_the_language_pair_picks_the_model_and_auto_detects(client, translators):
