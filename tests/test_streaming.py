@@ -1,7 +1,6 @@
 """Translating files chunk by chunk: order, bounded memory, resuming after an interruption."""
 
-import os
-import signal
+import json
 import subprocess
 import sys
 import time
@@ -26,16 +25,26 @@ def test_chunks_cover_the_input_in_order():
     assert list(chunks(iter(lines), 3)) == [(0, ["0", "1", "2"]), (3, ["3", "4", "5"]), (6, ["6"])]
 
 
+def recorded_lines(written: Path) -> int:
+    """The input lines ``written``'s resume record counts as done (0 before it has one)."""
+    try:
+        return json.loads(written.with_name(written.name + ".resume.json").read_text())["lines"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def killed_once_written(command: list[str], written: Path) -> subprocess.Popen:
-    """Run ``attnmt`` ``command`` and SIGKILL it once ``written`` has its first chunk."""
+    """Run ``attnmt`` ``command`` and SIGKILL it once the first chunk of ``written`` (its
+    first output) is recorded as done: the output alone may be on disk a moment before
+    the record says so, and a kill then leaves nothing to resume."""
     process = subprocess.Popen([sys.executable, "-m", "attnmt", *command],
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        if written.is_file() and written.stat().st_size > 0:
+        if recorded_lines(written) > 0:
             break
         time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
+    process.kill()                                          # SIGKILL; nothing if it has ended
     process.wait()
     return process
 
@@ -124,7 +133,7 @@ def test_synthesize_killed_and_resumed_writes_aligned_pairs(tiny_runs, tmp_path)
     command = ["synthesize", str(run), "-i", str(text), "-o", str(tmp_path / "bt"), "--beam", "2",
                "--threads", "1"]
     written = tmp_path / "bt.en"
-    killed_once_written(command, written)
+    killed_once_written(command, tmp_path / "bt.de")
     stopped = len(written.read_text().splitlines())
     assert 0 < stopped < len(lines), "the kill came too early or too late"
     resumed = attnmt(*command, "--resume")
