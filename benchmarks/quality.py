@@ -1,20 +1,20 @@
 """Quality on Multi30k: train a preset for its budget, then score it on every public test set.
 
     python benchmarks/quality.py CONFIG --run DIR [--data-dir DIR] [--set section.key=value ...]
+                                 [--what "a short description"]
 
 Trains with ``attnmt train`` (resuming the run if it exists; an ended run is only
 scored), translates each Multi30k test set present for the pair (``test_2016_flickr``,
-``test_2017_flickr``, ``test_2017_mscoco``; Czech has the first only) with the config's
-decoding settings (beam 5, alpha 0.6 in the presets) and prints one row of the README's
-results table: parameters, training minutes, updates, target tokens/s, sacreBLEU BLEU and
-chrF cased and lowercased on test_2016_flickr, then BLEU on each set. The row is also
-written to ``DIR/quality.json``: the test_2016_flickr scores at its top level, every
-set's under ``test_sets``, and what the figures depend on under ``provenance``: the
-machine as what it is (CPU model, cores, its bf16 or AMX support; the GPU), the precision
-and threads the run trained with, its seed, the commit and date of the scoring, and the
-resolved config. The budget is minutes
-of training time (validation not counted), so the result depends on the machine's
-speed: run it with nothing else on the machine.
+``test_2017_flickr``, ``test_2017_mscoco``; Czech has the first only; a missing one is
+named and skipped) with the config's decoding settings (beam 5, alpha 0.6 in the presets)
+and writes ``DIR/quality.json`` in the schema of every file in ``docs/results/``
+(``benchmarks/results.py``): training figures (minutes, updates, target tokens/s, the
+validation curve), sacreBLEU BLEU, chrF and TER, cased and lowercased, per test set, and
+what the figures depend on: the machine as what it is (CPU model, cores, its bf16 or AMX
+support; the GPU), the precision and threads the run trained with, its seed, the commit
+and date of the scoring, and the resolved config. The budget is minutes of training time
+(validation not counted), so the result depends on the machine's speed: run it with
+nothing else on the machine.
 """
 
 from __future__ import annotations
@@ -64,8 +64,13 @@ TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 
 def present_test_sets(data_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
     """The Multi30k test sets with files for both languages in ``data_dir``."""
-    return [name for name in TEST_SETS
-            if all((Path(data_dir) / f"{name}.{lang}.gz").is_file() for lang in (src_lang, tgt_lang))]
+    present = [name for name in TEST_SETS
+               if all((Path(data_dir) / f"{name}.{lang}.gz").is_file() for lang in (src_lang, tgt_lang))]
+    for name in TEST_SETS:
+        if name not in present:
+            print(f"quality.py: no {name}.{src_lang}.gz and {name}.{tgt_lang}.gz in {data_dir}; "
+                  "that set is skipped", file=sys.stderr)
+    return present
 
 
 def test_scores(run: Path, data_dir: str) -> dict:
@@ -87,9 +92,7 @@ def test_scores(run: Path, data_dir: str) -> dict:
                         "chrf": round(cased.chrf, 2), "ter": round(cased.ter, 2),
                         "bleu_lc": round(lowered.bleu, 2), "chrf_lc": round(lowered.chrf, 2),
                         "signature": cased.signature}
-    first = scores["test_2016_flickr"]
     return {"parameters": translator.model.num_parameters(), "beam": config.decode.beam,
-            **{key: first[key] for key in ("bleu", "chrf", "bleu_lc", "chrf_lc", "signature")},
             "test_sets": scores}
 
 
@@ -120,7 +123,8 @@ def provenance(run: Path) -> dict:
     return {"machine": machine(), "precision": "fp32" if dtype is None else str(dtype).split(".")[-1],
             "threads": config.train.threads or len(os.sched_getaffinity(0)),
             "seed": config.train.seed, "commit": commit or None,
-            "date": time.strftime("%Y-%m-%d", time.gmtime()), "config": config.to_dict()}
+            "date": time.strftime("%Y-%m-%d", time.gmtime()), "config": config.to_dict(),
+            "inferred": []}
 
 
 def main() -> None:
@@ -130,16 +134,21 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("ATTNMT_DATA", ""),
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
+    parser.add_argument("--what", help="how the tables name the model (default: the config and --set)")
     args = parser.parse_args()
     train(args.config, args.run, args.data_dir, args.set)
-    row = {"config": args.config, "overrides": args.set, **training_figures(args.run),
-           **test_scores(args.run, args.data_dir), "provenance": provenance(args.run)}
-    (args.run / "quality.json").write_text(json.dumps(row, indent=1) + "\n")
-    print(json.dumps(row, indent=1))
-    print(f"| {Path(args.config).stem} {' '.join(args.set)} | {row['parameters']:,} | {row['minutes']} "
-          f"| {row['updates']:,} | {row['tokens_per_s']:,} | {row['valid_bleu_best']} | {row['bleu']} "
-          f"| {row['chrf']} | {row['bleu_lc']} | {row['chrf_lc']} | "
-          + " | ".join(f"{name} {scores['bleu']}" for name, scores in row["test_sets"].items()) + " |")
+    from attnmt.config import load_config
+
+    data = load_config(args.run / "config.yaml").data
+    record = {"what": args.what or " ".join([Path(args.config).stem, *args.set]),
+              "direction": "-".join("+".join([lang, *extra]) for lang, extra in
+                                    ((data.src_lang, data.extra_src_langs),
+                                     (data.tgt_lang, data.extra_tgt_langs))),
+              "config": args.config,
+              "overrides": args.set, **test_scores(args.run, args.data_dir),
+              "training": training_figures(args.run), "provenance": provenance(args.run)}
+    (args.run / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 
 
 if __name__ == "__main__":

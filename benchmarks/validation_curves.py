@@ -35,9 +35,9 @@ def curve(source: Path) -> tuple[list[float], list[float]]:
 def curve_from_quality_json(path: Path) -> tuple[list[float], list[float]]:
     """The curve of a quality.json: rows ``[wall min, training min, step, BLEU, EMA BLEU or null]``."""
     try:
-        rows = json.loads(path.read_text()).get("valid_curve")
+        rows = (json.loads(path.read_text()).get("training") or {}).get("valid_curve")
         if not rows:
-            raise SystemExit(f"{path} has no valid_curve (written before quality.py recorded it)")
+            raise SystemExit(f"{path} has no training.valid_curve (its run kept none)")
         return [row[1] for row in rows], [max(b for b in row[3:5] if b is not None) for row in rows]
     except (ValueError, AttributeError, IndexError, TypeError):
         raise SystemExit(f"{path} is not a quality.json written by benchmarks/quality.py") from None

@@ -1,0 +1,196 @@
+"""The results files of docs/results/, and the tables the documents generate from them.
+
+    python benchmarks/results.py            # check every file, rewrite the generated tables
+    python benchmarks/results.py --check    # exit 1 naming a file or a table that is wrong
+
+Every ``docs/results/*.json`` file is one scored model in one schema (``KEYS``), the
+one ``benchmarks/quality.py`` writes: what the model is and its direction, the config
+and overrides it was trained with, its training figures (``training``, None for an
+ensemble), the beam it was scored with, its scores on each test set (``test_sets``:
+sacreBLEU BLEU, chrF and lowercased figures with the signature), and what the figures
+depend on (``provenance``: the machine as what it is, precision, threads, seed, commit,
+date, the resolved config; ``inferred`` names those read from the file's name or the
+document that quoted it rather than recorded when it ran, and a null is a fact not kept).
+Figures only one experiment has live under ``extra``.
+
+A document shows a table of them with a block whose first line names the files (without
+``.json``) and the columns (``COLUMNS``)::
+
+    <!-- results: transformer_de_en_wsd_cpu_c transformer_en_de_wsd_cpu_c | what machine 2016 2017 -->
+    ...the generated table...
+    <!-- end results -->
+
+The rows between the two lines are generated; the test suite renders every block and
+compares, so a figure is written once, in its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+KEYS = {"what": str, "direction": str, "config": (str, type(None)), "overrides": list,
+        "parameters": (int, type(None)), "beam": (int, type(None)), "training": (dict, type(None)),
+        "test_sets": dict, "provenance": dict}
+OPTIONAL_KEYS = {"notes": str, "extra": dict}
+TRAINING_KEYS = {"minutes": (int, float), "wall_minutes": (int, float, type(None)), "updates": int,
+                 "tokens_per_s": (int, float, type(None)), "valid_bleu_last": (int, float, type(None)),
+                 "valid_bleu_best": (int, float, type(None)), "valid_curve": (list, type(None))}
+PROVENANCE_KEYS = {"machine": str, "precision": (str, type(None)), "threads": (int, type(None)),
+                   "seed": (int, type(None)), "commit": (str, type(None)), "date": (str, type(None)),
+                   "config": (dict, type(None)), "inferred": list}
+SCORE_KEYS = {"bleu": (int, float), "chrf": (int, float, type(None)), "bleu_lc": (int, float, type(None)),
+              "chrf_lc": (int, float, type(None)), "signature": (str, type(None))}
+OPTIONAL_SCORE_KEYS = {"ter": (int, float), "sentences": int}
+TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+DIRECTION = re.compile(r"^[a-z]{2,3}(\+[a-z]{2,3})*-[a-z]{2,3}(\+[a-z]{2,3})*$")
+
+
+def schema_errors(record: dict) -> list[str]:
+    """What is wrong with one results record; empty when it follows the schema."""
+    errors = _check_keys(record, KEYS, OPTIONAL_KEYS, "")
+    if isinstance(record.get("training"), dict):
+        errors += _check_keys(record["training"], TRAINING_KEYS, {}, "training.")
+    if isinstance(record.get("provenance"), dict):
+        errors += _check_keys(record["provenance"], PROVENANCE_KEYS, {}, "provenance.")
+        errors += [f"provenance.inferred names {name!r}, not a provenance key"
+                   for name in record["provenance"].get("inferred", []) if name not in PROVENANCE_KEYS]
+    for name, scores in record.get("test_sets", {}).items():
+        if not isinstance(scores, dict):
+            errors.append(f"test_sets.{name} is not an object")
+            continue
+        errors += _check_keys(scores, SCORE_KEYS, OPTIONAL_SCORE_KEYS, f"test_sets.{name}.")
+    if isinstance(record.get("direction"), str) and not DIRECTION.match(record["direction"]):
+        errors.append(f"direction {record['direction']!r} is not like 'de-en' or 'de+fr+cs-en'")
+    return errors
+
+
+def _check_keys(values: dict, required: dict, optional: dict, prefix: str) -> list[str]:
+    errors = [f"{prefix}{key} is missing" for key in required if key not in values]
+    for key, value in values.items():
+        kind = required.get(key, optional.get(key))
+        if kind is None:
+            errors.append(f"{prefix}{key} is not a key of the schema")
+        elif not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            errors.append(f"{prefix}{key} has the wrong type ({type(value).__name__})")
+    return errors
+
+
+def load(name: str, results: Path = RESULTS) -> dict:
+    path = results / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"results.py: a table names {name}, but {path} does not exist")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _bleu(test_set: str):
+    def cell(record: dict, name: str) -> str:
+        scores = record["test_sets"].get(test_set)
+        return "" if scores is None else f"{scores['bleu']:.2f}"
+    return cell
+
+
+def _score(key: str):
+    def cell(record: dict, name: str) -> str:
+        value = record["test_sets"].get("test_2016_flickr", {}).get(key)
+        return "" if value is None else f"{value:.2f}"
+    return cell
+
+
+def _training(key: str, form: str):
+    def cell(record: dict, name: str) -> str:
+        value = (record["training"] or {}).get(key)
+        return "" if value is None else format(value, form)
+    return cell
+
+
+def _provenance(key: str):
+    def cell(record: dict, name: str) -> str:
+        value = record["provenance"][key]
+        return "" if value is None else str(value)
+    return cell
+
+
+def _arguments(record: dict, name: str) -> str:
+    config = record["config"] or ""
+    return f"`{' '.join([config, *(f'--set {o}' for o in record['overrides'])]).strip()}`"
+
+
+# Column name -> (header, cell of a record).
+COLUMNS = {
+    "what": ("model", lambda record, name: record["what"]),
+    "direction": ("direction", lambda record, name: record["direction"].replace("-", "->")),
+    "machine": ("machine", _provenance("machine")),
+    "precision": ("precision", _provenance("precision")),
+    "threads": ("threads", _provenance("threads")),
+    "seed": ("seed", _provenance("seed")),
+    "minutes": ("minutes", _training("minutes", "g")),
+    "updates": ("updates", _training("updates", ",")),
+    "tokens_per_s": ("target tokens/s", _training("tokens_per_s", ",.0f")),
+    "valid": ("validation BLEU", _training("valid_bleu_best", ".2f")),
+    "2016": ("test_2016_flickr", _bleu("test_2016_flickr")),
+    "2017": ("test_2017_flickr", _bleu("test_2017_flickr")),
+    "mscoco": ("test_2017_mscoco", _bleu("test_2017_mscoco")),
+    "chrf": ("chrF", _score("chrf")),
+    "bleu_lc": ("BLEU lc", _score("bleu_lc")),
+    "chrf_lc": ("chrF lc", _score("chrf_lc")),
+    "arguments": ("config and overrides", _arguments),
+    "file": ("file", lambda record, name: f"[{name}](results/{name}.json)"),
+}
+
+BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
+
+
+def render_table(names: list[str], columns: list[str], results: Path = RESULTS) -> str:
+    """The Markdown table of the files ``names`` with ``columns``; ends with a newline."""
+    unknown = [column for column in columns if column not in COLUMNS]
+    if unknown:
+        raise SystemExit(f"results.py: no column {unknown[0]!r}; the columns are {', '.join(COLUMNS)}")
+    lines = ["| " + " | ".join(COLUMNS[column][0] for column in columns) + " |",
+             "| " + " | ".join("---" for _ in columns) + " |"]
+    for name in names:
+        record = load(name, results)
+        lines.append("| " + " | ".join(COLUMNS[column][1](record, name) for column in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_document(text: str, results: Path = RESULTS) -> str:
+    """``text`` with every results block's table generated anew."""
+    def block(match: re.Match) -> str:
+        names, _, columns = match["spec"].partition("|")
+        return match.group(1) + render_table(names.split(), columns.split(), results) + match.group(4)
+    return BLOCK.sub(block, text)
+
+
+def documents() -> list[Path]:
+    return sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a file breaks the schema or a table is out of date")
+    args = parser.parse_args()
+    problems = [f"{path.name}: {error}" for path in sorted(RESULTS.glob("*.json"))
+                for error in schema_errors(json.loads(path.read_text(encoding="utf-8")))]
+    for document in documents():
+        text = document.read_text(encoding="utf-8")
+        rendered = render_document(text)
+        if rendered != text and args.check:
+            problems.append(f"{document.relative_to(ROOT)}: a generated table is out of date; "
+                            "run python benchmarks/results.py")
+        elif rendered != text:
+            document.write_text(rendered, encoding="utf-8")
+            print(f"rewrote the tables of {document.relative_to(ROOT)}")
+    if problems:
+        sys.exit("\n".join(problems))
+
+
+if __name__ == "__main__":
+    main()

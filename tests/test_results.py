@@ -1,0 +1,113 @@
+"""The results files (one schema), the tables the documents generate from them, and
+``benchmarks/quality.py``'s scores on every test set present."""
+
+import copy
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+results = benchmark("results")
+
+RECORD = {"what": "Transformer, the preset", "direction": "de-en",
+          "config": "configs/multi30k_de_en_transformer.yaml", "overrides": ["train.seed=2"],
+          "parameters": 7585600, "beam": 5,
+          "training": {"minutes": 60.0, "wall_minutes": 61.2, "updates": 12320, "tokens_per_s": 3107,
+                       "valid_bleu_last": 43.5, "valid_bleu_best": 43.91, "valid_curve": None},
+          "test_sets": {"test_2016_flickr": {"bleu": 43.02, "chrf": 62.09, "bleu_lc": 43.34,
+                                             "chrf_lc": 62.33, "signature": "nrefs:1"},
+                        "test_2017_mscoco": {"bleu": 30.5, "chrf": 50.0, "bleu_lc": 31.0,
+                                             "chrf_lc": 51.0, "signature": "nrefs:1"}},
+          "provenance": {"machine": "2-core AMD EPYC (Zen 4) with AVX-512 BF16", "precision": "bf16",
+                         "threads": 2, "seed": 2, "commit": "abc1234", "date": "2026-12-03",
+                         "config": None, "inferred": []}}
+
+
+def test_every_results_file_follows_the_schema():
+    files = sorted((ROOT / "docs" / "results").glob("*.json"))
+    assert len(files) > 100
+    broken = {path.name: results.schema_errors(json.loads(path.read_text())) for path in files}
+    assert {name: errors for name, errors in broken.items() if errors} == {}
+
+
+def test_the_schema_names_what_is_wrong():
+    assert results.schema_errors(RECORD) == []
+    record = copy.deepcopy(RECORD)
+    del record["beam"]
+    record["bleu"] = 43.02                                       # a second name for one figure
+    record["training"]["updates"] = "12,320"
+    record["test_sets"]["test_2016_flickr"].pop("chrf")
+    record["provenance"]["inferred"] = ["machine", "weather"]
+    record["direction"] = "German to English"
+    assert results.schema_errors(record) == [
+        "beam is missing", "bleu is not a key of the schema",
+        "training.updates has the wrong type (str)",
+        "provenance.inferred names 'weather', not a provenance key",
+        "test_sets.test_2016_flickr.chrf is missing",
+        "direction 'German to English' is not like 'de-en' or 'de+fr+cs-en'"]
+
+
+def test_a_table_is_rendered_from_the_files(tmp_path):
+    (tmp_path / "run_a.json").write_text(json.dumps(RECORD))
+    assert results.render_table(["run_a"], ["what", "machine", "seed", "updates", "valid", "2016",
+                                            "2017", "mscoco", "arguments"], tmp_path) == (
+        "| model | machine | seed | updates | validation BLEU | test_2016_flickr | test_2017_flickr "
+        "| test_2017_mscoco | config and overrides |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| Transformer, the preset | 2-core AMD EPYC (Zen 4) with AVX-512 BF16 | 2 | 12,320 | 43.91 "
+        "| 43.02 |  | 30.50 | `configs/multi30k_de_en_transformer.yaml --set train.seed=2` |\n")
+    document = ("Prose.\n\n<!-- results: run_a | what 2016 -->\n| stale |\n<!-- end results -->\n"
+                "More prose.\n")
+    assert results.render_document(document, tmp_path) == (
+        "Prose.\n\n<!-- results: run_a | what 2016 -->\n| model | test_2016_flickr |\n| --- | --- |\n"
+        "| Transformer, the preset | 43.02 |\n<!-- end results -->\nMore prose.\n")
+    with pytest.raises(SystemExit, match="no column 'bleu'"):
+        results.render_table(["run_a"], ["bleu"], tmp_path)
+    with pytest.raises(SystemExit, match="a table names run_b"):
+        results.render_table(["run_b"], ["what"], tmp_path)
+
+
+def test_the_documents_tables_are_those_the_files_give():
+    blocks = 0
+    for document in results.documents():
+        text = document.read_text(encoding="utf-8")
+        blocks += len(results.BLOCK.findall(text))
+        assert results.render_document(text) == text, \
+            f"{document.name}: a generated table is out of date; run python benchmarks/results.py"
+    assert blocks > 0
+
+
+def test_quality_scores_every_test_set_present_as_evaluating_it_alone(tiny_runs, tmp_path, capsys):
+    from attnmt.evaluate import score_corpus
+    from attnmt.translator import Translator
+
+    quality = benchmark("quality")
+    run = tiny_runs["transformer"]
+    sets = {"test_2016_flickr": (["sieben", "zweiundvierzig"], ["seven", "forty-two"]),
+            "test_2017_flickr": (["dreihundert", "elf", "acht"], ["three hundred", "eleven", "nine"])}
+    for name, (sources, references) in sets.items():
+        for lang, lines in (("de", sources), ("en", references)):
+            with gzip.open(tmp_path / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("".join(line + "\n" for line in lines))
+    scores = quality.test_scores(run, str(tmp_path))
+    assert f"no test_2017_mscoco.de.gz and test_2017_mscoco.en.gz in {tmp_path}; that set is " \
+           "skipped" in capsys.readouterr().err
+    assert list(scores["test_sets"]) == ["test_2016_flickr", "test_2017_flickr"]
+    translator = Translator.from_run(run)
+    for name, (sources, references) in sets.items():
+        alone = score_corpus([t.best.text for t in translator.translate(sources)], references)
+        assert scores["test_sets"][name]["bleu"] == round(alone.bleu, 2)
+        assert scores["test_sets"][name]["chrf"] == round(alone.chrf, 2)
+        assert scores["test_sets"][name]["sentences"] == len(sources)
