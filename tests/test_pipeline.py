@@ -150,3 +150,33 @@ def test_the_shipped_recipes_read(name):
     assert steps.index("back") > steps.index("en_de" if name == "de_en" else "reverse")
     for step in pipeline.steps:                        # every command resolves
         assert pipeline.command(step)[0] == step.action
+
+
+@pytest.mark.parametrize("name", ["de_en", "en_de", "fr_en", "en_fr", "cs_en", "en_cs"])
+def test_every_shipped_direction_recipe_plans_a_valid_chain(name, tmp_path, monkeypatch):
+    """A recipe of hours must not fail at its last step: every training's config and
+    settings load (a mistyped key would be refused), every step it needs comes before
+    it, and it ends by scoring the final model's export on the direction's test sets."""
+    from attnmt.config import load_config
+
+    monkeypatch.setenv("ATTNMT_DATA", str(tmp_path / "data"))
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / f"{name}.yaml"
+    plan = Pipeline(recipe, tmp_path / "work")
+    seen = []
+    for step in plan.steps:
+        assert set(step.references()) <= set(seen), f"{step.name} needs a later step"
+        seen.append(step.name)
+        arguments = plan.command(step)
+        if step.action == "train":
+            settings = [arguments[i + 1] for i, word in enumerate(arguments) if word == "--set"]
+            load_config(arguments[1], settings)
+    src, tgt = name.split("_")
+    final = plan.steps[-1]
+    assert final.action == "evaluate" and plan.by_name[final.target[0]].action == "export"
+    trained = plan.by_name[plan.by_name[final.target[0]].target]
+    config = load_config(plan.command(trained)[1], [
+        s for s in plan.command(trained) if s.startswith("data.") and "lang=" in s])
+    assert (config.data.src_lang, config.data.tgt_lang) == (src, tgt)
+    expected = ["test_2016_flickr"] + (["test_2017_flickr", "test_2017_mscoco"]
+                                       if "cs" not in name else [])
+    assert [Path(t).name for t in final.options["test"]] == expected
