@@ -14,7 +14,8 @@ document that quoted it rather than recorded when it ran, and a null is a fact n
 Figures only one experiment has live under ``extra``.
 
 A document shows a table of them with a block whose first line names the files (without
-``.json``) and the columns (``COLUMNS``)::
+``.json``; ``NAME@MARK`` appends a footnote mark to the row's first cell) and the columns
+(``COLUMNS``)::
 
     <!-- results: transformer_de_en_wsd_cpu_c transformer_en_de_wsd_cpu_c | what machine 2016 2017 -->
     ...the generated table...
@@ -49,6 +50,14 @@ SCORE_KEYS = {"bleu": (int, float), "chrf": (int, float, type(None)), "bleu_lc":
               "chrf_lc": (int, float, type(None)), "signature": (str, type(None))}
 OPTIONAL_SCORE_KEYS = {"ter": (int, float), "sentences": int}
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+# The best public OPUS-MT model of each direction on each Multi30k test set (BLEU), from the
+# Helsinki-NLP OPUS-MT leaderboard; Czech has test_2016_flickr only.
+OPUS_MT = {"de-en": {"test_2016_flickr": 40.5, "test_2017_flickr": 41.5, "test_2017_mscoco": 33.9},
+           "en-de": {"test_2016_flickr": 36.3, "test_2017_flickr": 35.8, "test_2017_mscoco": 30.6},
+           "fr-en": {"test_2016_flickr": 49.7, "test_2017_flickr": 52.0, "test_2017_mscoco": 50.6},
+           "en-fr": {"test_2016_flickr": 52.4, "test_2017_flickr": 52.8, "test_2017_mscoco": 54.7},
+           "cs-en": {"test_2016_flickr": 38.6},
+           "en-cs": {"test_2016_flickr": 33.4}}
 DIRECTION = re.compile(r"^[a-z]{2,3}(\+[a-z]{2,3})*-[a-z]{2,3}(\+[a-z]{2,3})*$")
 
 
@@ -110,10 +119,25 @@ def _training(key: str, form: str):
     return cell
 
 
+def _validation(record: dict, name: str) -> str:
+    """The best greedy validation BLEU of training; an ensemble's, at beam 5."""
+    if record["training"] is not None:
+        return _training("valid_bleu_best", ".2f")(record, name)
+    value = record.get("extra", {}).get("valid_bleu_beam5")
+    return "" if value is None else f"{value:.2f} (beam 5)"
+
+
 def _provenance(key: str):
     def cell(record: dict, name: str) -> str:
         value = record["provenance"][key]
         return "" if value is None else str(value)
+    return cell
+
+
+def _opus_mt(test_set: str):
+    def cell(record: dict, name: str) -> str:
+        value = OPUS_MT.get(record["direction"], {}).get(test_set)
+        return "" if value is None else f"{value:.1f}"
     return cell
 
 
@@ -133,13 +157,15 @@ COLUMNS = {
     "minutes": ("minutes", _training("minutes", "g")),
     "updates": ("updates", _training("updates", ",")),
     "tokens_per_s": ("target tokens/s", _training("tokens_per_s", ",.0f")),
-    "valid": ("validation BLEU", _training("valid_bleu_best", ".2f")),
+    "valid": ("validation BLEU", _validation),
     "2016": ("test_2016_flickr", _bleu("test_2016_flickr")),
     "2017": ("test_2017_flickr", _bleu("test_2017_flickr")),
     "mscoco": ("test_2017_mscoco", _bleu("test_2017_mscoco")),
     "chrf": ("chrF", _score("chrf")),
     "bleu_lc": ("BLEU lc", _score("bleu_lc")),
     "chrf_lc": ("chrF lc", _score("chrf_lc")),
+    "opus": ("OPUS-MT test_2016_flickr", _opus_mt("test_2016_flickr")),
+    "time_before": ("time before", lambda record, name: record.get("extra", {}).get("time_before", "")),
     "arguments": ("config and overrides", _arguments),
     "file": ("file", lambda record, name: f"[{name}](results/{name}.json)"),
 }
@@ -148,15 +174,19 @@ BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- en
 
 
 def render_table(names: list[str], columns: list[str], results: Path = RESULTS) -> str:
-    """The Markdown table of the files ``names`` with ``columns``; ends with a newline."""
+    """The Markdown table of the files ``names`` with ``columns``; ends with a newline.
+    ``NAME@MARK`` appends MARK (a footnote's number) to the row's first cell."""
     unknown = [column for column in columns if column not in COLUMNS]
     if unknown:
         raise SystemExit(f"results.py: no column {unknown[0]!r}; the columns are {', '.join(COLUMNS)}")
     lines = ["| " + " | ".join(COLUMNS[column][0] for column in columns) + " |",
              "| " + " | ".join("---" for _ in columns) + " |"]
-    for name in names:
+    for entry in names:
+        name, _, mark = entry.partition("@")
         record = load(name, results)
-        lines.append("| " + " | ".join(COLUMNS[column][1](record, name) for column in columns) + " |")
+        cells = [COLUMNS[column][1](record, name) for column in columns]
+        cells[0] += f" {mark}" if mark else ""
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
