@@ -1,5 +1,7 @@
 """docs/tutorial.ipynb and its Korean twin docs/tutorial.ko.ipynb run from a clean kernel,
-their committed outputs are the current code's, and their code cells are the same.
+their committed outputs are the current code's, their code cells are the same but for the
+comments (Korean in the Korean notebook), and the Korean glossary has the notes' terms.
+The claims the prose makes about outputs are asserted inside the notebooks' own cells.
 
 Render the outputs after changing the notebooks or the code they show:
 
@@ -10,9 +12,11 @@ only required to run; every other cell's text output must equal the committed on
 (numbers to 2e-3, so another CPU's last bits do not matter).
 """
 
+import io
 import re
 import sys
 import time
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,18 @@ nbclient = pytest.importorskip("nbclient", reason="the dev extra is not installe
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NOTEBOOKS = [DOCS / "tutorial.ipynb", DOCS / "tutorial.ko.ipynb"]
 NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+HANGUL = re.compile("[\uac00-\ud7a3]")
+# The terms of the five source notes, as the Korean tutorial writes them; its glossary
+# (the last cell) must give each one.
+NOTES_TERMS = ["sequence-to-sequence", "encoder-decoder", "조건부 언어 모델", "context vector",
+               "병목", "vanishing gradient", "linear interaction distance", "병렬화",
+               "encoder hidden state", "decoder hidden state", "attention score",
+               "attention distribution", "attention output", "alignment model", "soft alignment",
+               "Query, Key, Value", "dot-product attention", "multiplicative attention", "bilinear",
+               "additive attention", "multi-layer perceptron", "scaled dot-product attention",
+               "Self-Attention", "Multi-Head Attention", "Masked Multi-Head Attention",
+               "Feed Forward Network", "잔차 연결", "층 정규화", "positional encoding",
+               "greedy decoding", "beam search", "beam size"]
 
 
 def execute(notebook):
@@ -67,14 +83,39 @@ def test_printed_text_sent_in_pieces_reads_as_one():
     assert text_outputs(cell) == ["a\n", "3", "b\n"]
 
 
-def test_the_korean_tutorial_has_the_same_code_and_korean_prose():
+def code_and_comments(source: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """A code cell's tokens without its comments, and its comments (IPython's ``%`` lines
+    are read as comments' neighbours: they are kept as code)."""
+    lines = [line if not line.lstrip().startswith("%") else f"pass  # {line}" for line in
+             source.splitlines()]
+    tokens = list(tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline))
+    code = [(token.type, token.string) for token in tokens
+            if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    comments = [token.string for token in tokens if token.type == tokenize.COMMENT
+                and not token.string.lstrip("# ").startswith("%")]
+    return code, comments
+
+
+def test_the_korean_tutorial_has_the_same_code_and_korean_prose_and_comments():
     english, korean = (nbformat.read(path, as_version=4) for path in NOTEBOOKS)
     assert [c.cell_type for c in english.cells] == [c.cell_type for c in korean.cells]
     for ours, theirs in zip(english.cells, korean.cells):
         if ours.cell_type == "code":
-            assert ours.source == theirs.source and ours.metadata == theirs.metadata
+            (our_code, _), (their_code, comments) = (code_and_comments(cell.source)
+                                                     for cell in (ours, theirs))
+            assert our_code == their_code and ours.metadata == theirs.metadata
+            english_comments = [comment for comment in comments if not HANGUL.search(comment)]
+            assert not english_comments, f"comments left in English: {english_comments}"
         else:
-            assert re.search("[\uac00-\ud7a3]", theirs.source), theirs.source[:80]   # Hangul
+            assert HANGUL.search(theirs.source), theirs.source[:80]
+
+
+def test_the_korean_glossary_gives_every_term_of_the_notes():
+    glossary = nbformat.read(NOTEBOOKS[1], as_version=4).cells[-1].source
+    assert glossary.startswith("## 용어집")
+    first_column = [row.split("|")[1] for row in glossary.splitlines() if row.startswith("| ")]
+    missing = [term for term in NOTES_TERMS if not any(term in cell for cell in first_column)]
+    assert not missing, f"the glossary lacks {missing}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.name)
