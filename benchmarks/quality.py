@@ -112,6 +112,8 @@ def machine() -> str:
 
 
 def provenance(run: Path) -> dict:
+    import torch
+
     from attnmt.config import load_config
     from attnmt.process import resolve_device, resolve_precision
 
@@ -120,7 +122,8 @@ def provenance(run: Path) -> dict:
     dtype = resolve_precision(config.train.precision, device)
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
                             text=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    return {"machine": machine(), "precision": "fp32" if dtype is None else str(dtype).split(".")[-1],
+    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    return {"machine": machine(), "precision": precision,
             "threads": config.train.threads or len(os.sched_getaffinity(0)),
             "seed": config.train.seed, "commit": commit or None,
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "config": config.to_dict(),

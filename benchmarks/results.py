@@ -161,6 +161,7 @@ COLUMNS = {
     "2016": ("test_2016_flickr", _bleu("test_2016_flickr")),
     "2017": ("test_2017_flickr", _bleu("test_2017_flickr")),
     "mscoco": ("test_2017_mscoco", _bleu("test_2017_mscoco")),
+    "ted": ("TED test (IWSLT17)", _bleu("iwslt17_test")),
     "chrf": ("chrF", _score("chrf")),
     "bleu_lc": ("BLEU lc", _score("bleu_lc")),
     "chrf_lc": ("chrF lc", _score("chrf_lc")),
