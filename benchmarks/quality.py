@@ -140,16 +140,14 @@ def main() -> None:
     parser.add_argument("--what", help="how the tables name the model (default: the config and --set)")
     args = parser.parse_args()
     train(args.config, args.run, args.data_dir, args.set)
-    from attnmt.config import load_config
-
-    data = load_config(args.run / "config.yaml").data
+    depends_on = provenance(args.run)
+    data = depends_on["config"]["data"]                     # the resolved config, read once
     record = {"what": args.what or " ".join([Path(args.config).stem, *args.set]),
-              "direction": "-".join("+".join([lang, *extra]) for lang, extra in
-                                    ((data.src_lang, data.extra_src_langs),
-                                     (data.tgt_lang, data.extra_tgt_langs))),
+              "direction": "-".join("+".join([data[lang], *data[f"extra_{lang}s"]])
+                                    for lang in ("src_lang", "tgt_lang")),
               "config": args.config,
               "overrides": args.set, **test_scores(args.run, args.data_dir),
-              "training": training_figures(args.run), "provenance": provenance(args.run)}
+              "training": training_figures(args.run), "provenance": depends_on}
     (args.run / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 

@@ -80,6 +80,15 @@ def schema_errors(record: dict) -> list[str]:
     return errors
 
 
+def file_errors(path: Path) -> list[str]:
+    """What is wrong with one results file, unreadable JSON included."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return [f"not a readable JSON file ({error})"]
+    return schema_errors(record) if isinstance(record, dict) else ["not a JSON object"]
+
+
 def _check_keys(values: dict, required: dict, optional: dict, prefix: str) -> list[str]:
     errors = [f"{prefix}{key} is missing" for key in required if key not in values]
     for key, value in values.items():
@@ -209,7 +218,7 @@ def main() -> None:
                         help="change nothing; exit 1 if a file breaks the schema or a table is out of date")
     args = parser.parse_args()
     problems = [f"{path.name}: {error}" for path in sorted(RESULTS.glob("*.json"))
-                for error in schema_errors(json.loads(path.read_text(encoding="utf-8")))]
+                for error in file_errors(path)]
     for document in documents():
         text = document.read_text(encoding="utf-8")
         rendered = render_document(text)

@@ -59,6 +59,13 @@ def test_the_schema_names_what_is_wrong():
         "direction 'German to English' is not like 'de-en' or 'de+fr+cs-en'"]
 
 
+def test_an_unreadable_results_file_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert results.file_errors(tmp_path / "broken.json")[0].startswith("not a readable JSON file")
+    assert results.file_errors(tmp_path / "list.json") == ["not a JSON object"]
+
+
 def test_a_table_is_rendered_from_the_files(tmp_path):
     (tmp_path / "run_a.json").write_text(json.dumps(RECORD))
     assert results.render_table(["run_a"], ["what", "machine", "seed", "updates", "valid", "2016",
