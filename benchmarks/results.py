@@ -14,8 +14,11 @@ document that quoted it rather than recorded when it ran, and a null is a fact n
 Figures only one experiment has live under ``extra``.
 
 A document shows a table of them with a block whose first line names the files (without
-``.json``; ``NAME@MARK`` appends a footnote mark to the row's first cell) and the columns
-(``COLUMNS``)::
+``.json``; ``NAME@MARK`` appends a footnote mark to the row's first cell; ``NAME,NAME2``
+makes one row of several runs, seeds say: the first run names the model, the figures of
+each are joined with " / ") and the
+columns (``COLUMNS``; ``2016_opus`` and its kin give a test set's BLEU with the OPUS-MT
+figure in brackets)::
 
     <!-- results: transformer_de_en_wsd_cpu_c transformer_en_de_wsd_cpu_c | what machine 2016 2017 -->
     ...the generated table...
@@ -150,6 +153,19 @@ def _opus_mt(test_set: str):
     return cell
 
 
+def _beside_opus(test_set: str):
+    """A column's per-row function: every run's BLEU on ``test_set``, then OPUS-MT's in
+    brackets; "–" for a set the runs were not scored on."""
+    def row_cell(records: list[dict]) -> str:
+        scores = " / ".join(f"{record['test_sets'][test_set]['bleu']:.2f}"
+                            for record in records if test_set in record["test_sets"])
+        opus = OPUS_MT.get(records[0]["direction"], {}).get(test_set)
+        if opus is None:
+            return scores
+        return f"{scores or '–'} ({opus:.1f})"
+    return row_cell
+
+
 def _arguments(record: dict, name: str) -> str:
     config = record["config"] or ""
     return f"`{' '.join([config, *(f'--set {o}' for o in record['overrides'])]).strip()}`"
@@ -179,25 +195,47 @@ COLUMNS = {
     "arguments": ("config and overrides", _arguments),
     "file": ("file", lambda record, name: f"[{name}](results/{name}.json)"),
 }
+# Columns of a run's own figures: a row of several runs lists each run's (where it has one);
+# the other columns list each distinct value once.
+PER_RUN = {"seed", "minutes", "updates", "tokens_per_s", "valid", "2016", "2017", "mscoco", "ted",
+           "chrf", "bleu_lc", "chrf_lc", "arguments", "file"}
+# Column name -> (header, cell of a row's records).
+ROW_COLUMNS = {"2016_opus": ("test_2016_flickr (OPUS-MT)", _beside_opus("test_2016_flickr")),
+               "2017_opus": ("test_2017_flickr (OPUS-MT)", _beside_opus("test_2017_flickr")),
+               "mscoco_opus": ("test_2017_mscoco (OPUS-MT)", _beside_opus("test_2017_mscoco"))}
 
 BLOCK = re.compile(r"(<!-- results: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end results -->)", re.S)
 
 
-def render_table(names: list[str], columns: list[str], results: Path = RESULTS) -> str:
-    """The Markdown table of the files ``names`` with ``columns``; ends with a newline.
-    ``NAME@MARK`` appends MARK (a footnote's number) to the row's first cell."""
-    unknown = [column for column in columns if column not in COLUMNS]
+def render_table(entries: list[str], columns: list[str], results: Path = RESULTS) -> str:
+    """The Markdown table of the files ``entries`` with ``columns``; ends with a newline.
+    ``NAME@MARK`` appends MARK (a footnote's number) to the row's first cell, and
+    ``NAME,NAME2`` is one row of two runs."""
+    unknown = [column for column in columns if column not in COLUMNS and column not in ROW_COLUMNS]
     if unknown:
-        raise SystemExit(f"results.py: no column {unknown[0]!r}; the columns are {', '.join(COLUMNS)}")
-    lines = ["| " + " | ".join(COLUMNS[column][0] for column in columns) + " |",
-             "| " + " | ".join("---" for _ in columns) + " |"]
-    for entry in names:
-        name, _, mark = entry.partition("@")
-        record = load(name, results)
-        cells = [COLUMNS[column][1](record, name) for column in columns]
+        raise SystemExit(f"results.py: no column {unknown[0]!r}; the columns are "
+                         f"{', '.join([*COLUMNS, *ROW_COLUMNS])}")
+    headers = [(COLUMNS | ROW_COLUMNS)[column][0] for column in columns]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    for entry in entries:
+        row, _, mark = entry.partition("@")
+        names = row.split(",")
+        records = [load(name, results) for name in names]
+        cells = [_row_cell(column, records, names) for column in columns]
         cells[0] += f" {mark}" if mark else ""
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _row_cell(column: str, records: list[dict], names: list[str]) -> str:
+    if column in ROW_COLUMNS:
+        return ROW_COLUMNS[column][1](records)
+    values = [COLUMNS[column][1](record, name) for record, name in zip(records, names)]
+    if column in PER_RUN:
+        return " / ".join(value for value in values if value)
+    if column == "what":
+        return values[0]
+    return " / ".join(dict.fromkeys(values))
 
 
 def render_document(text: str, results: Path = RESULTS) -> str:

@@ -86,6 +86,28 @@ def test_a_table_is_rendered_from_the_files(tmp_path):
         results.render_table(["run_b"], ["what"], tmp_path)
 
 
+def test_a_row_of_several_runs_gives_each_runs_figures_beside_opus_mt(tmp_path):
+    seed_3 = copy.deepcopy(RECORD)
+    seed_3.update(what="Transformer, the preset, seed 3", overrides=["train.seed=3"])
+    seed_3["provenance"]["seed"] = 3
+    seed_3["test_sets"] = {"test_2016_flickr": dict(RECORD["test_sets"]["test_2016_flickr"], bleu=41.5)}
+    czech = copy.deepcopy(seed_3)
+    czech["direction"] = "en-cs"
+    for name, record in (("seed_2", RECORD), ("seed_3", seed_3), ("czech", czech)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    table = results.render_table(["seed_2,seed_3@¹", "czech"], ["direction", "what", "machine", "seed",
+                                                               "2016_opus", "2017_opus", "mscoco_opus"],
+                                 tmp_path)
+    assert table.splitlines()[2:] == [
+        "| de->en ¹ | Transformer, the preset | 2-core AMD EPYC (Zen 4) with AVX-512 BF16 | 2 / 3 "
+        "| 43.02 / 41.50 (40.5) | – (41.5) | 30.50 (33.9) |",
+        "| en->cs | Transformer, the preset, seed 3 | 2-core AMD EPYC (Zen 4) with AVX-512 BF16 | 3 "
+        "| 41.50 (33.4) |  |  |"]
+    assert table.splitlines()[0] == (
+        "| direction | model | machine | seed | test_2016_flickr (OPUS-MT) | test_2017_flickr (OPUS-MT) "
+        "| test_2017_mscoco (OPUS-MT) |")
+
+
 def test_the_documents_tables_are_those_the_files_give():
     blocks = 0
     for document in results.documents():
