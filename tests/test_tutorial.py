@@ -37,7 +37,7 @@ NOTES_TERMS = ["sequence-to-sequence", "encoder-decoder", "조건부 언어 모�
                "Query, Key, Value", "dot-product attention", "multiplicative attention", "bilinear",
                "additive attention", "multi-layer perceptron", "scaled dot-product attention",
                "Self-Attention", "Multi-Head Attention", "Masked Multi-Head Attention",
-               "Feed Forward Network", "잔차 연결", "층 정규화", "positional encoding",
+               "Feed Forward Network", "cell state", "forget gate", "잔차 연결", "층 정규화", "positional encoding",
                "greedy decoding", "beam search", "beam size"]
 
 
