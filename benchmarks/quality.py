@@ -15,6 +15,12 @@ support; the GPU), the precision and threads the run trained with, its seed, the
 and date of the scoring, and the resolved config. The budget is minutes of training time
 (validation not counted), so the result depends on the machine's speed: run it with
 nothing else on the machine.
+
+    python benchmarks/quality.py --ensemble RUN RUN [...] --out FILE.json [--data-dir DIR] [--what ...]
+
+scores trained runs as one ensemble (``attnmt translate RUN RUN``) on the same test sets and
+on ``val`` (beam 5: ``extra.valid_bleu_beam5``, beside each run's own) into FILE.json, in the
+same schema with no training figures.
 """
 
 from __future__ import annotations
@@ -73,27 +79,54 @@ def present_test_sets(data_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
     return present
 
 
-def test_scores(run: Path, data_dir: str) -> dict:
+def test_scores(run: Path, data_dir: str, ensemble: list[Path] = ()) -> dict:
+    """``run``'s scores (with ``ensemble``: the ensemble of ``run`` and those runs) on each
+    test set present, with its beam."""
     from attnmt.config import load_config
-    from attnmt.data.corpus import read_parallel
-    from attnmt.evaluate import score_corpus
     from attnmt.process import configure
     from attnmt.translator import Translator
 
     configure()
     config = load_config(run / "config.yaml")
-    translator = Translator.from_run(run)
-    scores = {}
-    for name in present_test_sets(data_dir, config.data.src_lang, config.data.tgt_lang):
-        test = read_parallel(Path(data_dir) / name, config.data.src_lang, config.data.tgt_lang)
-        hypotheses = [t.best.text for t in translator.translate(test.source)]
-        cased, lowered = score_corpus(hypotheses, test.target), score_corpus(hypotheses, test.target, True)
-        scores[name] = {"sentences": len(test.source), "bleu": round(cased.bleu, 2),
-                        "chrf": round(cased.chrf, 2), "ter": round(cased.ter, 2),
-                        "bleu_lc": round(lowered.bleu, 2), "chrf_lc": round(lowered.chrf, 2),
-                        "signature": cased.signature}
-    return {"parameters": translator.model.num_parameters(), "beam": config.decode.beam,
-            "test_sets": scores}
+    translator = Translator.from_runs([run, *ensemble]) if ensemble else Translator.from_run(run)
+    scores = {name: scores_on(translator, Path(data_dir) / name, config)
+              for name in present_test_sets(data_dir, config.data.src_lang, config.data.tgt_lang)}
+    parameters = None if ensemble else translator.model.num_parameters()
+    return {"parameters": parameters, "beam": config.decode.beam, "test_sets": scores}
+
+
+def scores_on(translator, prefix: Path, config) -> dict:
+    """BLEU, chrF and TER, cased and lowercased, of the translator's output for one set."""
+    from attnmt.data.corpus import read_parallel
+    from attnmt.evaluate import score_corpus
+
+    test = read_parallel(prefix, config.data.src_lang, config.data.tgt_lang)
+    hypotheses = [t.best.text for t in translator.translate(test.source)]
+    cased, lowered = score_corpus(hypotheses, test.target), score_corpus(hypotheses, test.target, True)
+    return {"sentences": len(test.source), "bleu": round(cased.bleu, 2), "chrf": round(cased.chrf, 2),
+            "ter": round(cased.ter, 2), "bleu_lc": round(lowered.bleu, 2),
+            "chrf_lc": round(lowered.chrf, 2), "signature": cased.signature}
+
+
+def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
+    """An ensemble's record: its test scores, and validation BLEU at beam 5 of the ensemble
+    and of each run (training validates greedy), so that it is chosen on ``val``."""
+    from attnmt.config import load_config
+    from attnmt.translator import Translator
+
+    config = load_config(runs[0] / "config.yaml")
+    record = test_scores(runs[0], data_dir, runs[1:])
+    valid = Path(data_dir) / "val"
+    members = {str(run): scores_on(Translator.from_run(run), valid, config)["bleu"] for run in runs}
+    depends_on = provenance(runs[0])
+    depends_on.update(seed=None, config=None)
+    data = config.data
+    return {"what": what or "ensemble of " + ", ".join(run.name for run in runs),
+            "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],
+            **record, "training": None, "provenance": depends_on,
+            "extra": {"runs": [str(run) for run in runs],
+                      "valid_bleu_beam5": scores_on(Translator.from_runs(runs), valid, config)["bleu"],
+                      "members_valid_bleu_beam5": members}}
 
 
 def machine() -> str:
@@ -132,13 +165,25 @@ def provenance(run: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config")
-    parser.add_argument("--run", required=True, type=Path)
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("--run", type=Path)
+    parser.add_argument("--ensemble", nargs="+", type=Path, metavar="RUN",
+                        help="score these trained runs as one ensemble instead of training")
+    parser.add_argument("--out", type=Path, help="the ensemble's record (with --ensemble)")
     parser.add_argument("--data-dir", default=os.environ.get("ATTNMT_DATA", ""),
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
     parser.add_argument("--what", help="how the tables name the model (default: the config and --set)")
     args = parser.parse_args()
+    if args.ensemble:
+        if len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set:
+            parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run or --set")
+        record = ensemble_record(args.ensemble, args.data_dir, args.what)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
+        return
+    if not args.config or not args.run:
+        parser.error("CONFIG and --run are required (or --ensemble)")
     train(args.config, args.run, args.data_dir, args.set)
     depends_on = provenance(args.run)
     data = depends_on["config"]["data"]                     # the resolved config, read once

@@ -140,3 +140,31 @@ def test_quality_scores_every_test_set_present_as_evaluating_it_alone(tiny_runs,
         assert scores["test_sets"][name]["bleu"] == round(alone.bleu, 2)
         assert scores["test_sets"][name]["chrf"] == round(alone.chrf, 2)
         assert scores["test_sets"][name]["sentences"] == len(sources)
+
+
+def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
+    from attnmt.evaluate import score_corpus
+    from attnmt.translator import Translator
+
+    quality = benchmark("quality")
+    runs = [tiny_runs["transformer"], tiny_runs["rnn"]]
+    sets = {"test_2016_flickr": (["dreihundertsiebzehn", "zweiundvierzig", "neunzehntausend"],
+                                 ["three hundred seventeen", "forty-two", "nineteen thousand"]),
+            "val": (["achtundachtzig", "elfhundert"], ["eighty-eight", "one thousand one hundred"])}
+    for name, (sources, references) in sets.items():
+        for lang, lines in (("de", sources), ("en", references)):
+            with gzip.open(tmp_path / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("".join(line + "\n" for line in lines))
+    record = quality.ensemble_record(runs, str(tmp_path), "two tiny runs")
+    assert results.schema_errors(record) == []
+    assert (record["what"], record["direction"], record["training"]) == ("two tiny runs", "de-en", None)
+
+    def bleu(translator, name):
+        sources, references = sets[name]
+        return round(score_corpus([t.best.text for t in translator.translate(sources)], references).bleu, 2)
+
+    ensemble = Translator.from_runs(runs)
+    assert record["test_sets"]["test_2016_flickr"]["bleu"] == bleu(ensemble, "test_2016_flickr")
+    assert record["extra"]["valid_bleu_beam5"] == bleu(ensemble, "val")
+    assert record["extra"]["members_valid_bleu_beam5"] == {
+        str(run): bleu(Translator.from_run(run), "val") for run in runs}
