@@ -62,6 +62,9 @@ OPUS_MT = {"de-en": {"test_2016_flickr": 40.5, "test_2017_flickr": 41.5, "test_2
            "cs-en": {"test_2016_flickr": 38.6},
            "en-cs": {"test_2016_flickr": 33.4}}
 DIRECTION = re.compile(r"^[a-z]{2,3}(\+[a-z]{2,3})*-[a-z]{2,3}(\+[a-z]{2,3})*$")
+# A path of the machine a run ran on; a record names folders as the documents' commands do
+# (DATA, TED, runs/NAME).
+MACHINE_PATH = re.compile(r"(?:^|[\s\[=,])(/(?:tmp|work|home|root|mnt|opt|srv|Users)/[^\s\],]*)")
 
 
 def schema_errors(record: dict) -> list[str]:
@@ -80,7 +83,17 @@ def schema_errors(record: dict) -> list[str]:
         errors += _check_keys(scores, SCORE_KEYS, OPTIONAL_SCORE_KEYS, f"test_sets.{name}.")
     if isinstance(record.get("direction"), str) and not DIRECTION.match(record["direction"]):
         errors.append(f"direction {record['direction']!r} is not like 'de-en' or 'de+fr+cs-en'")
+    errors += [f"names {path}, a path of the machine it ran on; write DATA, TED or runs/NAME"
+               for path in dict.fromkeys(_machine_paths(record))]
     return errors
+
+
+def _machine_paths(value) -> list[str]:
+    if isinstance(value, dict):
+        return [path for item in value.values() for path in _machine_paths(item)]
+    if isinstance(value, list):
+        return [path for item in value for path in _machine_paths(item)]
+    return MACHINE_PATH.findall(value) if isinstance(value, str) else []
 
 
 def file_errors(path: Path) -> list[str]:

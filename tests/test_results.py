@@ -51,12 +51,16 @@ def test_the_schema_names_what_is_wrong():
     record["test_sets"]["test_2016_flickr"].pop("chrf")
     record["provenance"]["inferred"] = ["machine", "weather"]
     record["direction"] = "German to English"
+    record["overrides"] = ["data.synthetic=[/tmp/bt/pairs]", "data.tokenizer_from=runs/de_en"]
+    record["provenance"]["config"] = {"data": {"dir": "/work/shared/data/multi30k"}}
     assert results.schema_errors(record) == [
         "beam is missing", "bleu is not a key of the schema",
         "training.updates has the wrong type (str)",
         "provenance.inferred names 'weather', not a provenance key",
         "test_sets.test_2016_flickr.chrf is missing",
-        "direction 'German to English' is not like 'de-en' or 'de+fr+cs-en'"]
+        "direction 'German to English' is not like 'de-en' or 'de+fr+cs-en'",
+        "names /tmp/bt/pairs, a path of the machine it ran on; write DATA, TED or runs/NAME",
+        "names /work/shared/data/multi30k, a path of the machine it ran on; write DATA, TED or runs/NAME"]
 
 
 def test_an_unreadable_results_file_is_named_not_a_traceback(tmp_path):
