@@ -110,21 +110,23 @@ def scores_on(translator, prefix: Path, config) -> dict:
 
 def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     """An ensemble's record: its test scores, and validation BLEU at beam 5 of the ensemble
-    and of each run (training validates greedy), so that it is chosen on ``val``."""
+    and of each run (training validates greedy), so that it is chosen on ``val``. The runs
+    are named ``runs/NAME``, as the documents' commands name them."""
     from attnmt.config import load_config
     from attnmt.translator import Translator
 
     config = load_config(runs[0] / "config.yaml")
     record = test_scores(runs[0], data_dir, runs[1:])
     valid = Path(data_dir) / "val"
-    members = {str(run): scores_on(Translator.from_run(run), valid, config)["bleu"] for run in runs}
+    members = {f"runs/{run.name}": scores_on(Translator.from_run(run), valid, config)["bleu"]
+               for run in runs}
     depends_on = provenance(runs[0])
     depends_on.update(seed=None, config=None)
     data = config.data
     return {"what": what or "ensemble of " + ", ".join(run.name for run in runs),
             "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],
             **record, "training": None, "provenance": depends_on,
-            "extra": {"runs": [str(run) for run in runs],
+            "extra": {"runs": list(members),
                       "valid_bleu_beam5": scores_on(Translator.from_runs(runs), valid, config)["bleu"],
                       "members_valid_bleu_beam5": members}}
 

@@ -171,4 +171,4 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
     assert record["test_sets"]["test_2016_flickr"]["bleu"] == bleu(ensemble, "test_2016_flickr")
     assert record["extra"]["valid_bleu_beam5"] == bleu(ensemble, "val")
     assert record["extra"]["members_valid_bleu_beam5"] == {
-        str(run): bleu(Translator.from_run(run), "val") for run in runs}
+        f"runs/{run.name}": bleu(Translator.from_run(run), "val") for run in runs}
