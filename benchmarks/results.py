@@ -152,6 +152,13 @@ def _validation(record: dict, name: str) -> str:
     return "" if value is None else f"{value:.2f} (beam 5)"
 
 
+def _extra(key: str):
+    def cell(record: dict, name: str) -> str:
+        value = record.get("extra", {}).get(key)
+        return "" if value is None else f"{value:.2f}"
+    return cell
+
+
 def _provenance(key: str):
     def cell(record: dict, name: str) -> str:
         value = record["provenance"][key]
@@ -203,6 +210,8 @@ COLUMNS = {
     "chrf": ("chrF", _score("chrf")),
     "bleu_lc": ("BLEU lc", _score("bleu_lc")),
     "chrf_lc": ("chrF lc", _score("chrf_lc")),
+    "valid_beam5": ("validation BLEU, beam 5", _extra("valid_bleu_beam5")),
+    "greedy": ("test_2016_flickr, greedy", _extra("test_bleu_greedy")),
     "opus": ("OPUS-MT test_2016_flickr", _opus_mt("test_2016_flickr")),
     "time_before": ("time before", lambda record, name: record.get("extra", {}).get("time_before", "")),
     "arguments": ("config and overrides", _arguments),
@@ -210,7 +219,7 @@ COLUMNS = {
 }
 # Columns of a run's own figures: a row of several runs lists each run's (where it has one);
 # the other columns list each distinct value once.
-PER_RUN = {"seed", "minutes", "updates", "tokens_per_s", "valid", "2016", "2017", "mscoco", "ted",
+PER_RUN = {"seed", "minutes", "updates", "tokens_per_s", "valid", "valid_beam5", "greedy", "2016", "2017", "mscoco", "ted",
            "chrf", "bleu_lc", "chrf_lc", "arguments", "file"}
 # Column name -> (header, cell of a row's records).
 ROW_COLUMNS = {"2016_opus": ("test_2016_flickr (OPUS-MT)", _beside_opus("test_2016_flickr")),
