@@ -187,8 +187,8 @@ def _beside_opus(test_set: str):
 
 
 def _arguments(record: dict, name: str) -> str:
-    config = record["config"] or ""
-    return f"`{' '.join([config, *(f'--set {o}' for o in record['overrides'])]).strip()}`"
+    words = " ".join([record["config"] or "", *(f"--set {o}" for o in record["overrides"])]).strip()
+    return f"`{words}`" if words else ""
 
 
 # Column name -> (header, cell of a record).
