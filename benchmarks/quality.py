@@ -79,20 +79,23 @@ def present_test_sets(data_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
     return present
 
 
-def test_scores(run: Path, data_dir: str, ensemble: list[Path] = ()) -> dict:
-    """``run``'s scores (with ``ensemble``: the ensemble of ``run`` and those runs) on each
-    test set present, with its beam."""
+def test_scores(run: Path, data_dir: str) -> dict:
+    """``run``'s scores on each test set present, with its beam."""
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.translator import Translator
 
     configure()
     config = load_config(run / "config.yaml")
-    translator = Translator.from_runs([run, *ensemble]) if ensemble else Translator.from_run(run)
-    scores = {name: scores_on(translator, Path(data_dir) / name, config)
-              for name in present_test_sets(data_dir, config.data.src_lang, config.data.tgt_lang)}
-    parameters = None if ensemble else translator.model.num_parameters()
-    return {"parameters": parameters, "beam": config.decode.beam, "test_sets": scores}
+    translator = Translator.from_run(run)
+    return {"parameters": translator.model.num_parameters(), "beam": config.decode.beam,
+            "test_sets": set_scores(translator, data_dir, config)}
+
+
+def set_scores(translator, data_dir: str, config) -> dict:
+    """The translator's scores on each Multi30k test set present in ``data_dir``."""
+    return {name: scores_on(translator, Path(data_dir) / name, config)
+            for name in present_test_sets(data_dir, config.data.src_lang, config.data.tgt_lang)}
 
 
 def scores_on(translator, prefix: Path, config) -> dict:
@@ -113,10 +116,12 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     and of each run (training validates greedy), so that it is chosen on ``val``. The runs
     are named ``runs/NAME``, as the documents' commands name them."""
     from attnmt.config import load_config
+    from attnmt.process import configure
     from attnmt.translator import Translator
 
+    configure()
     config = load_config(runs[0] / "config.yaml")
-    record = test_scores(runs[0], data_dir, runs[1:])
+    ensemble = Translator.from_runs(runs)
     valid = Path(data_dir) / "val"
     members = {f"runs/{run.name}": scores_on(Translator.from_run(run), valid, config)["bleu"]
                for run in runs}
@@ -125,9 +130,11 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     data = config.data
     return {"what": what or "ensemble of " + ", ".join(run.name for run in runs),
             "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],
-            **record, "training": None, "provenance": depends_on,
+            "parameters": None, "beam": config.decode.beam,
+            "test_sets": set_scores(ensemble, data_dir, config), "training": None,
+            "provenance": depends_on,
             "extra": {"runs": list(members),
-                      "valid_bleu_beam5": scores_on(Translator.from_runs(runs), valid, config)["bleu"],
+                      "valid_bleu_beam5": scores_on(ensemble, valid, config)["bleu"],
                       "members_valid_bleu_beam5": members}}
 
 
@@ -180,7 +187,12 @@ def main() -> None:
     if args.ensemble:
         if len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set:
             parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run or --set")
-        record = ensemble_record(args.ensemble, args.data_dir, args.what)
+        from attnmt.errors import UserError
+
+        try:
+            record = ensemble_record(args.ensemble, args.data_dir, args.what)
+        except UserError as error:                   # a run that is not one, other vocabularies
+            sys.exit(f"quality.py: {error}")
         args.out.write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
         return

@@ -176,9 +176,10 @@ def _opus_mt(test_set: str):
 def _beside_opus(test_set: str):
     """A column's per-row function: every run's BLEU on ``test_set``, then OPUS-MT's in
     brackets; "–" for a set the runs were not scored on."""
+    bleu = _bleu(test_set)
+
     def row_cell(records: list[dict]) -> str:
-        scores = " / ".join(f"{record['test_sets'][test_set]['bleu']:.2f}"
-                            for record in records if test_set in record["test_sets"])
+        scores = " / ".join(cell for cell in (bleu(record, "") for record in records) if cell)
         opus = OPUS_MT.get(records[0]["direction"], {}).get(test_set)
         if opus is None:
             return scores
