@@ -35,7 +35,11 @@ from pathlib import Path
 
 
 def train(config: str, run: Path, data_dir: str, overrides: list[str]) -> None:
-    settings = [f"data.dir={data_dir}", *overrides]
+    """Train ``run``, or resume it; a run that exists keeps its own data folder (a
+    pipeline's runs read ``$ATTNMT_DATA``), so that an ended one, trained by any command,
+    is only scored."""
+    exists = (run / "config.yaml").is_file()
+    settings = [*([] if exists else [f"data.dir={data_dir}"]), *overrides]
     command = [sys.executable, "-m", "attnmt", "train", config, "--run-dir", str(run)]
     for setting in settings:
         command += ["--set", setting]

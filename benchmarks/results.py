@@ -16,7 +16,8 @@ Figures only one experiment has live under ``extra``.
 A document shows a table of them with a block whose first line names the files (without
 ``.json``; ``NAME@MARK`` appends a footnote mark to the row's first cell; ``NAME,NAME2``
 makes one row of several runs, seeds say: the first run names the model, the figures of
-each are joined with " / ") and the
+each are joined with " / "; ``NAME:LANG`` is a multilingual model's pair into or from
+LANG, scored in ``extra.other_targets`` or ``extra.other_sources``) and the
 columns (``COLUMNS``; ``2016_opus`` and its kin give a test set's BLEU with the OPUS-MT
 figure in brackets)::
 
@@ -121,6 +122,26 @@ def load(name: str, results: Path = RESULTS) -> dict:
     if not path.is_file():
         raise SystemExit(f"results.py: a table names {name}, but {path} does not exist")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def language_pair(record: dict, language: str) -> dict:
+    """A multilingual model's record as its pair into (one-to-many) or from (many-to-one)
+    ``language``: the pair it trained on keeps its figures; another pair has the
+    ``test_2016_flickr`` scores and beam-5 validation BLEU of ``extra.other_targets`` or
+    ``extra.other_sources``, and no training figures (they are the first pair's)."""
+    sources, targets = (side.split("+") for side in record["direction"].split("-"))
+    if language in (sources[0], targets[0]):
+        return {**record, "direction": f"{sources[0]}-{targets[0]}"}
+    extra = record.get("extra", {})
+    if language in extra.get("other_targets", {}):
+        direction, scores = f"{sources[0]}-{language}", extra["other_targets"][language]
+    elif language in extra.get("other_sources", {}):
+        direction, scores = f"{language}-{targets[0]}", extra["other_sources"][language]
+    else:
+        raise SystemExit(f"results.py: {record['direction']} has no pair scored into or from {language}")
+    return {**record, "direction": direction, "training": None,
+            "test_sets": {"test_2016_flickr": {key: scores[key] for key in ("bleu", "chrf")}},
+            "extra": {"valid_bleu_beam5": scores["valid_bleu_beam5"]}}
 
 
 def _bleu(test_set: str):
@@ -242,8 +263,9 @@ def render_table(entries: list[str], columns: list[str], results: Path = RESULTS
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
     for entry in entries:
         row, _, mark = entry.partition("@")
-        names = row.split(",")
-        records = [load(name, results) for name in names]
+        names, languages = zip(*(name.partition(":")[::2] for name in row.split(",")))
+        records = [language_pair(load(name, results), language) if language else load(name, results)
+                   for name, language in zip(names, languages)]
         cells = [_row_cell(column, records, names) for column in columns]
         cells[0] += f" {mark}" if mark else ""
         lines.append("| " + " | ".join(cells) + " |")

@@ -112,6 +112,20 @@ def test_a_row_of_several_runs_gives_each_runs_figures_beside_opus_mt(tmp_path):
         "| test_2017_mscoco (OPUS-MT) |")
 
 
+def test_a_multilingual_models_other_pairs_come_from_its_extra_scores(tmp_path):
+    one_to_many = copy.deepcopy(RECORD)
+    one_to_many.update(direction="en-de+fr", what="one-to-many",
+                       extra={"other_targets": {"fr": {"bleu": 54.58, "chrf": 71.42,
+                                                       "valid_bleu_beam5": 52.39}}})
+    (tmp_path / "en_x.json").write_text(json.dumps(one_to_many))
+    table = results.render_table(["en_x:de", "en_x:fr"], ["direction", "updates", "valid", "2016_opus",
+                                                          "chrf"], tmp_path)
+    assert table.splitlines()[2:] == ["| en->de | 12,320 | 43.91 | 43.02 (36.3) | 62.09 |",
+                                      "| en->fr |  | 52.39 (beam 5) | 54.58 (52.4) | 71.42 |"]
+    with pytest.raises(SystemExit, match="en-de\\+fr has no pair scored into or from cs"):
+        results.render_table(["en_x:cs"], ["direction"], tmp_path)
+
+
 def test_the_documents_tables_are_those_the_files_give():
     blocks = 0
     for document in results.documents():
@@ -172,3 +186,18 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
     assert record["extra"]["valid_bleu_beam5"] == bleu(ensemble, "val")
     assert record["extra"]["members_valid_bleu_beam5"] == {
         f"runs/{run.name}": bleu(Translator.from_run(run), "val") for run in runs}
+
+
+def test_quality_sets_the_data_folder_of_a_new_run_only(tmp_path, monkeypatch):
+    """A run that exists (a pipeline's, reading $ATTNMT_DATA) resumes with its own config,
+    where a changed data.dir would be refused as another experiment."""
+    quality = benchmark("quality")
+    commands = []
+    monkeypatch.setattr(quality.subprocess, "run",
+                        lambda command: commands.append(command) or type("Done", (), {"returncode": 0}))
+    (tmp_path / "ran").mkdir()
+    (tmp_path / "ran" / "config.yaml").write_text("data: {dir: ''}\n")
+    quality.train("preset.yaml", tmp_path / "ran", "DATA", ["train.seed=2"])
+    quality.train("preset.yaml", tmp_path / "new", "DATA", ["train.seed=2"])
+    settings = [[part for part in command if "=" in part] for command in commands]
+    assert settings == [["train.seed=2"], ["data.dir=DATA", "train.seed=2"]]
