@@ -16,6 +16,11 @@ and date of the scoring, and the resolved config. The budget is minutes of train
 (validation not counted), so the result depends on the machine's speed: run it with
 nothing else on the machine.
 
+With ``--pipeline WORK`` (the run is a step of ``attnmt pipeline RECIPE --work WORK``)
+the record adds the recipe's compute and final scores from ``WORK/pipeline.json``:
+``extra.recipe_minutes`` per step, ``extra.recipe_hours`` in all, on this machine, and
+``extra.recipe_scores``, what its evaluate steps printed (the int8 export's BLEU).
+
     python benchmarks/quality.py --ensemble RUN RUN [...] --out FILE.json [--data-dir DIR] [--what ...]
 
 scores trained runs as one ensemble (``attnmt translate RUN RUN``) on the same test sets and
@@ -142,6 +147,18 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
                       "members_valid_bleu_beam5": members}}
 
 
+def recipe_figures(work: Path) -> dict:
+    """A pipeline's compute and final scores, from ``WORK/pipeline.json``."""
+    path = work / "pipeline.json"
+    if not path.is_file():
+        sys.exit(f"quality.py: {path} does not exist; --pipeline takes the --work folder of "
+                 "a finished 'attnmt pipeline'")
+    steps = json.loads(path.read_text())
+    return {"recipe_minutes": {name: step["minutes"] for name, step in steps.items()},
+            "recipe_hours": round(sum(step["minutes"] for step in steps.values()) / 60, 2),
+            "recipe_scores": {name: step["test_bleu"] for name, step in steps.items() if step["test_bleu"]}}
+
+
 def machine() -> str:
     """The machine as what it is: ``2-core AMD EPYC with AVX-512 BF16`` or the GPU's name."""
     import torch
@@ -187,6 +204,9 @@ def main() -> None:
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
     parser.add_argument("--what", help="how the tables name the model (default: the config and --set)")
+    parser.add_argument("--pipeline", type=Path, metavar="WORK",
+                        help="the run is a step of this pipeline folder: record the recipe's "
+                             "minutes per step and its final scores")
     args = parser.parse_args()
     if args.ensemble:
         if len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set:
@@ -211,6 +231,8 @@ def main() -> None:
               "config": args.config,
               "overrides": args.set, **test_scores(args.run, args.data_dir),
               "training": training_figures(args.run), "provenance": depends_on}
+    if args.pipeline:
+        record["extra"] = recipe_figures(args.pipeline)
     (args.run / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 

@@ -234,6 +234,7 @@ COLUMNS = {
     "chrf_lc": ("chrF lc", _score("chrf_lc")),
     "valid_beam5": ("validation BLEU, beam 5", _extra("valid_bleu_beam5")),
     "greedy": ("test_2016_flickr, greedy", _extra("test_bleu_greedy")),
+    "recipe_hours": ("recipe, hours", _extra("recipe_hours")),
     "opus": ("OPUS-MT test_2016_flickr", _opus_mt("test_2016_flickr")),
     "time_before": ("time before", lambda record, name: record.get("extra", {}).get("time_before", "")),
     "arguments": ("config and overrides", _arguments),

@@ -201,3 +201,18 @@ def test_quality_sets_the_data_folder_of_a_new_run_only(tmp_path, monkeypatch):
     quality.train("preset.yaml", tmp_path / "new", "DATA", ["train.seed=2"])
     settings = [[part for part in command if "=" in part] for command in commands]
     assert settings == [["train.seed=2"], ["data.dir=DATA", "train.seed=2"]]
+
+
+def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
+    quality = benchmark("quality")
+    steps = {"fr_en": {"minutes": 63.5, "valid_bleu": 53.1, "test_bleu": None},
+             "fr_en_int8": {"minutes": 0.5, "valid_bleu": None, "test_bleu": None},
+             "scores": {"minutes": 2.0, "valid_bleu": None, "test_bleu": "test_2016_flickr 55.0"}}
+    (tmp_path / "pipeline.json").write_text(json.dumps(steps))
+    figures = quality.recipe_figures(tmp_path)
+    assert figures == {"recipe_minutes": {"fr_en": 63.5, "fr_en_int8": 0.5, "scores": 2.0},
+                       "recipe_hours": 1.1, "recipe_scores": {"scores": "test_2016_flickr 55.0"}}
+    (tmp_path / "run.json").write_text(json.dumps(dict(RECORD, extra=figures)))
+    assert results.render_table(["run"], ["recipe_hours"], tmp_path).splitlines()[2] == "| 1.10 |"
+    with pytest.raises(SystemExit, match="takes the --work folder of a finished 'attnmt pipeline'"):
+        quality.recipe_figures(tmp_path / "elsewhere")
