@@ -235,6 +235,8 @@ COLUMNS = {
     "valid_beam5": ("validation BLEU, beam 5", _extra("valid_bleu_beam5")),
     "greedy": ("test_2016_flickr, greedy", _extra("test_bleu_greedy")),
     "recipe_hours": ("recipe, hours", _extra("recipe_hours")),
+    "recipe_scores": ("the recipe's final scores (int8 export)",
+                      lambda record, name: "; ".join(record.get("extra", {}).get("recipe_scores", {}).values())),
     "opus": ("OPUS-MT test_2016_flickr", _opus_mt("test_2016_flickr")),
     "time_before": ("time before", lambda record, name: record.get("extra", {}).get("time_before", "")),
     "arguments": ("config and overrides", _arguments),

@@ -213,6 +213,7 @@ def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
     assert figures == {"recipe_minutes": {"fr_en": 63.5, "fr_en_int8": 0.5, "scores": 2.0},
                        "recipe_hours": 1.1, "recipe_scores": {"scores": "test_2016_flickr 55.0"}}
     (tmp_path / "run.json").write_text(json.dumps(dict(RECORD, extra=figures)))
-    assert results.render_table(["run"], ["recipe_hours"], tmp_path).splitlines()[2] == "| 1.10 |"
+    assert results.render_table(["run"], ["recipe_hours", "recipe_scores"], tmp_path).splitlines()[2] == \
+        "| 1.10 | test_2016_flickr 55.0 |"
     with pytest.raises(SystemExit, match="takes the --work folder of a finished 'attnmt pipeline'"):
         quality.recipe_figures(tmp_path / "elsewhere")
