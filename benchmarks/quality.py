@@ -209,8 +209,9 @@ def main() -> None:
                              "minutes per step and its final scores")
     args = parser.parse_args()
     if args.ensemble:
-        if len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set:
-            parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run or --set")
+        if len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set or args.pipeline:
+            parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set "
+                         "or --pipeline")
         from attnmt.errors import UserError
 
         try:
