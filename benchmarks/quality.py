@@ -156,7 +156,10 @@ def recipe_figures(work: Path) -> dict:
     if not path.is_file():
         sys.exit(f"quality.py: {path} does not exist; --pipeline takes the --work folder of "
                  "a finished 'attnmt pipeline'")
-    steps = json.loads(path.read_text())
+    try:
+        steps = json.loads(path.read_text())
+    except ValueError as error:
+        sys.exit(f"quality.py: {path} is not a pipeline's record ({error})")
     return {"recipe_minutes": {name: step["minutes"] for name, step in steps.items()},
             "recipe_hours": round(sum(step["minutes"] for step in steps.values()) / 60, 2),
             "recipe_scores": {name: step["test_bleu"] for name, step in steps.items() if step["test_bleu"]}}
@@ -226,6 +229,7 @@ def main() -> None:
         return
     if not args.config or not args.run:
         parser.error("CONFIG and --run are required (or --ensemble)")
+    recipe = recipe_figures(args.pipeline) if args.pipeline else None   # before hours of work
     train(args.config, args.run, args.data_dir, args.set)
     depends_on = provenance(args.run)
     data = depends_on["config"]["data"]                     # the resolved config, read once
@@ -235,8 +239,8 @@ def main() -> None:
               "config": args.config,
               "overrides": args.set, **test_scores(args.run, args.data_dir),
               "training": training_figures(args.run), "provenance": depends_on}
-    if args.pipeline:
-        record["extra"] = recipe_figures(args.pipeline)
+    if recipe:
+        record["extra"] = recipe
     (args.run / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 

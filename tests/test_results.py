@@ -218,3 +218,6 @@ def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
         "| 1.10 | test_2016_flickr 55.0 |"
     with pytest.raises(SystemExit, match="takes the --work folder of a finished 'attnmt pipeline'"):
         quality.recipe_figures(tmp_path / "elsewhere")
+    (tmp_path / "pipeline.json").write_text("{broken")
+    with pytest.raises(SystemExit, match="pipeline.json is not a pipeline's record"):
+        quality.recipe_figures(tmp_path)
