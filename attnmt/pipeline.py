@@ -24,7 +24,9 @@ ends well is recorded in ``WORK/pipeline.json``; running the recipe again skips 
 interrupted step is started again with the same command, and resumes as the command
 itself does: a training run exactly, a synthesis with ``--resume``; clean, export and
 evaluate start over. A failing step stops the pipeline with its log's last line; the
-earlier steps' outputs stay.
+earlier steps' outputs stay. A step's minutes in the record are those of every try that
+made its output, failed and interrupted (Ctrl-C) ones included, each written at its end
+in the log; a try killed outright (SIGKILL) writes none and is not counted.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ OPTIONS = {   # what each action accepts besides its own key, and the command-li
     "export": {"quantization": "--quantization"},
     "evaluate": {"test": "--test", "beam": "--beam", "engine": "--engine"},
 }
+TRY_MINUTES = "[pipeline] minutes of this try: "   # the log's line after each try
 REFERENCE = re.compile(r"@([A-Za-z0-9_-]+)")
 
 
@@ -230,17 +233,23 @@ class Pipeline:
         log = self.work / f"{step.name}.log"
         echo(f"[{step.name}] attnmt {shlex.join(arguments)}")
         start = time.perf_counter()
-        with open(log, "a", encoding="utf-8") as handle:
-            handle.write(f"$ attnmt {shlex.join(arguments)}\n")
-            handle.flush()
-            finished = subprocess.run([sys.executable, "-m", "attnmt", *arguments],
-                                      stdout=handle, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "TQDM_DISABLE": "1"})
-        minutes = round((time.perf_counter() - start) / 60, 2)
+        try:
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(f"$ attnmt {shlex.join(arguments)}\n")
+                handle.flush()
+                finished = subprocess.run([sys.executable, "-m", "attnmt", *arguments],
+                                          stdout=handle, stderr=subprocess.STDOUT,
+                                          env={**os.environ, "TQDM_DISABLE": "1"})
+        finally:  # a failed or interrupted try counts too: the step's output cost it
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(f"{TRY_MINUTES}{(time.perf_counter() - start) / 60:.2f}\n")
         if finished.returncode:
-            last = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+            last = [line for line in _output_lines(log) if line.strip()]
             raise UserError(f"step {step.name} failed: {last[-1] if last else 'no output'} "
                             f"(its log: {log}); the steps before it are kept")
+        minutes = round(sum(float(line[len(TRY_MINUTES):]) for line in
+                            log.read_text(encoding="utf-8").splitlines()
+                            if line.startswith(TRY_MINUTES)), 2)
         row = {"step": step.name, "status": "ran", "minutes": minutes,
                "valid_bleu": validation_bleu(step, self.work),
                "test_bleu": self._test_bleu(step, log)}
@@ -256,11 +265,17 @@ class Pipeline:
         output; ``set BLEU, ...`` for the summary."""
         if step.action != "evaluate":
             return None
-        printed = log.read_text(encoding="utf-8").rsplit("$ attnmt ", 1)[-1].split("\n", 1)[-1]
+        printed = "\n".join(_output_lines(log)).rsplit("$ attnmt ", 1)[-1].split("\n", 1)[-1]
         output(step, self.work).write_text(printed, encoding="utf-8")
         rows = [line.split("|") for line in printed.splitlines()
                 if line.startswith("| ") and not line.startswith(("| test set", "| ---"))]
         return ", ".join(f"{row[1].strip()} {row[3].strip()}" for row in rows) or None
+
+
+def _output_lines(log: Path) -> list[str]:
+    """A step's log as its commands printed it, without the pipeline's minutes lines."""
+    return [line for line in log.read_text(encoding="utf-8").splitlines()
+            if not line.startswith(TRY_MINUTES)]
 
 
 def validation_bleu(step: Step, work: Path) -> float | None:

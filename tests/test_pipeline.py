@@ -128,6 +128,36 @@ steps:
     assert (work / "model" / "best.safetensors").is_file()
 
 
+def test_a_step_records_the_minutes_of_every_try(tmp_path, monkeypatch):
+    """A recipe's compute is what its outputs cost: a step that failed once, was stopped
+    with Ctrl-C once and then finished records the minutes of all three tries."""
+    import attnmt.pipeline as module
+
+    (tmp_path / "one.yaml").write_text("steps:\n  fast:\n    export: runs/model\n")
+    clock, outcomes = [0.0], iter([1, KeyboardInterrupt, 0])
+
+    def fake_run(arguments, stdout, **_):      # each try takes 2, 3 and 4 minutes
+        clock[0] += 60 * (2 + fake_run.tries)
+        fake_run.tries += 1
+        outcome = next(outcomes)
+        stdout.write("the step's own last line\n")
+        if outcome is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return subprocess.CompletedProcess(arguments, outcome)
+
+    fake_run.tries = 0
+    monkeypatch.setattr(module.subprocess, "run", fake_run)
+    monkeypatch.setattr(module.time, "perf_counter", lambda: clock[0])
+    plan = Pipeline(tmp_path / "one.yaml", tmp_path / "work")
+    with pytest.raises(UserError, match="step fast failed: the step's own last line "):
+        plan.run(echo=lambda line: None)
+    with pytest.raises(KeyboardInterrupt):
+        plan.run(echo=lambda line: None)
+    assert not (tmp_path / "work" / "pipeline.json").exists()
+    assert plan.run(echo=lambda line: None)[0]["minutes"] == 9.0
+    assert json.loads((tmp_path / "work" / "pipeline.json").read_text())["fast"]["minutes"] == 9.0
+
+
 @pytest.mark.parametrize("recipe,message", [
     ("steps:\n  a: {train: x.yaml, export: y}\n", "step a: give exactly one of"),
     ("steps:\n  a: {export: b}\n", "step a names 'b', which is not a step"),
