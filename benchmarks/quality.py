@@ -20,6 +20,8 @@ With ``--pipeline WORK`` (the run is a step of ``attnmt pipeline RECIPE --work W
 the record adds the recipe's compute and final scores from ``WORK/pipeline.json``:
 ``extra.recipe_minutes`` per step, ``extra.recipe_hours`` in all, on this machine, and
 ``extra.recipe_scores``, what its evaluate steps printed (the int8 export's BLEU).
+``--test NAME=PREFIX`` scores another test set too (``iwslt17_test=TED/test``), recorded
+under NAME beside Multi30k's.
 
     python benchmarks/quality.py --ensemble RUN RUN [...] --out FILE.json [--data-dir DIR] [--what ...]
 
@@ -91,8 +93,9 @@ def present_test_sets(data_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
     return present
 
 
-def test_scores(run: Path, data_dir: str) -> dict:
-    """``run``'s scores on each test set present, with its beam."""
+def test_scores(run: Path, data_dir: str, others: dict[str, str] | None = None) -> dict:
+    """``run``'s scores on each Multi30k test set present and on ``others`` (name: the
+    prefix of a set's two language files), with its beam."""
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.translator import Translator
@@ -100,8 +103,26 @@ def test_scores(run: Path, data_dir: str) -> dict:
     configure()
     config = load_config(run / "config.yaml")
     translator = Translator.from_run(run)
+    scores = set_scores(translator, data_dir, config)
+    for name, prefix in (others or {}).items():
+        scores[name] = scores_on(translator, Path(prefix), config)
     return {"parameters": translator.model.num_parameters(), "beam": config.decode.beam,
-            "test_sets": set_scores(translator, data_dir, config)}
+            "test_sets": scores}
+
+
+def check_test_files(config_path: str, overrides: list[str], others: dict[str, str]) -> None:
+    """Exit with one line if a ``--test`` set lacks a file for the config's languages."""
+    from attnmt.config import load_config
+    from attnmt.data.corpus import find_language_file
+    from attnmt.errors import UserError
+
+    data = load_config(config_path, overrides).data
+    try:
+        for prefix in others.values():
+            for lang in (data.src_lang, data.tgt_lang):
+                find_language_file(prefix, lang)
+    except UserError as error:
+        sys.exit(f"quality.py: --test: {error}")
 
 
 def set_scores(translator, data_dir: str, config) -> dict:
@@ -210,14 +231,18 @@ def main() -> None:
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
     parser.add_argument("--what", help="how the tables name the model (default: the config and --set)")
+    parser.add_argument("--test", action="append", default=[], metavar="NAME=PREFIX",
+                        help="another test set, scored beside Multi30k's under NAME: the prefix "
+                             "of its two language files, as data.train (PREFIX.de.gz, ...)")
     parser.add_argument("--pipeline", type=Path, metavar="WORK",
                         help="the run is a step of this pipeline folder: record the recipe's "
                              "minutes per step and its final scores")
     args = parser.parse_args()
     if args.ensemble:
-        if len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set or args.pipeline:
-            parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set "
-                         "or --pipeline")
+        if (len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set
+                or args.pipeline or args.test):
+            parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set, "
+                         "--test or --pipeline")
         from attnmt.errors import UserError
 
         try:
@@ -229,6 +254,10 @@ def main() -> None:
         return
     if not args.config or not args.run:
         parser.error("CONFIG and --run are required (or --ensemble)")
+    if any("=" not in test for test in args.test):
+        parser.error("--test takes NAME=PREFIX, e.g. iwslt17_test=data/iwslt17-de-en/test")
+    others = dict(test.split("=", 1) for test in args.test)
+    check_test_files(args.config, args.set, others)                     # before hours of work
     recipe = recipe_figures(args.pipeline) if args.pipeline else None   # before hours of work
     train(args.config, args.run, args.data_dir, args.set)
     depends_on = provenance(args.run)
@@ -237,7 +266,7 @@ def main() -> None:
               "direction": "-".join("+".join([data[lang], *data[f"extra_{lang}s"]])
                                     for lang in ("src_lang", "tgt_lang")),
               "config": args.config,
-              "overrides": args.set, **test_scores(args.run, args.data_dir),
+              "overrides": args.set, **test_scores(args.run, args.data_dir, others),
               "training": training_figures(args.run), "provenance": depends_on}
     if recipe:
         record["extra"] = recipe

@@ -148,10 +148,15 @@ def test_quality_scores_every_test_set_present_as_evaluating_it_alone(tiny_runs,
         for lang, lines in (("de", sources), ("en", references)):
             with gzip.open(tmp_path / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
                 handle.write("".join(line + "\n" for line in lines))
-    scores = quality.test_scores(run, str(tmp_path))
+    other = tmp_path / "elsewhere"                   # --test NAME=PREFIX: plain files too
+    other.mkdir()
+    sets["ted"] = (["elf", "sieben", "acht"], ["eleven", "seven", "ten"])
+    for lang, lines in zip(("de", "en"), sets["ted"]):
+        (other / f"test.{lang}").write_text("".join(line + "\n" for line in lines))
+    scores = quality.test_scores(run, str(tmp_path), {"ted": str(other / "test")})
     assert f"no test_2017_mscoco.de.gz and test_2017_mscoco.en.gz in {tmp_path}; that set is " \
            "skipped" in capsys.readouterr().err
-    assert list(scores["test_sets"]) == ["test_2016_flickr", "test_2017_flickr"]
+    assert list(scores["test_sets"]) == ["test_2016_flickr", "test_2017_flickr", "ted"]
     translator = Translator.from_run(run)
     for name, (sources, references) in sets.items():
         alone = score_corpus([t.best.text for t in translator.translate(sources)], references)
