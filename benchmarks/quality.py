@@ -111,18 +111,16 @@ def test_scores(run: Path, data_dir: str, others: dict[str, str] | None = None) 
 
 
 def check_test_files(config_path: str, overrides: list[str], others: dict[str, str]) -> None:
-    """Exit with one line if a ``--test`` set lacks a file for the config's languages."""
+    """Raise UserError if a ``--test`` set lacks a file for the config's languages."""
     from attnmt.config import load_config
     from attnmt.data.corpus import find_language_file
-    from attnmt.errors import UserError
 
+    if not others:
+        return
     data = load_config(config_path, overrides).data
-    try:
-        for prefix in others.values():
-            for lang in (data.src_lang, data.tgt_lang):
-                find_language_file(prefix, lang)
-    except UserError as error:
-        sys.exit(f"quality.py: --test: {error}")
+    for prefix in others.values():
+        for lang in (data.src_lang, data.tgt_lang):
+            find_language_file(prefix, lang)
 
 
 def set_scores(translator, data_dir: str, config) -> dict:
@@ -256,7 +254,16 @@ def main() -> None:
         parser.error("CONFIG and --run are required (or --ensemble)")
     if any("=" not in test for test in args.test):
         parser.error("--test takes NAME=PREFIX, e.g. iwslt17_test=data/iwslt17-de-en/test")
-    others = dict(test.split("=", 1) for test in args.test)
+    from attnmt.errors import UserError
+
+    try:
+        score_and_record(args, dict(test.split("=", 1) for test in args.test))
+    except UserError as error:       # a bad config or --test file, a damaged run or test set
+        sys.exit(f"quality.py: {error}")
+
+
+def score_and_record(args, others: dict[str, str]) -> None:
+    """Train ``args.run`` (or resume it), score it and write ``RUN/quality.json``."""
     check_test_files(args.config, args.set, others)                     # before hours of work
     recipe = recipe_figures(args.pipeline) if args.pipeline else None   # before hours of work
     train(args.config, args.run, args.data_dir, args.set)

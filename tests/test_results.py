@@ -5,6 +5,8 @@ import copy
 import gzip
 import importlib.util
 import json
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,3 +228,19 @@ def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
     (tmp_path / "pipeline.json").write_text("{broken")
     with pytest.raises(SystemExit, match="pipeline.json is not a pipeline's record"):
         quality.recipe_figures(tmp_path)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--test", "ted=missing/test"], "quality.py: file not found: missing/test.de (nor missing/test.de.gz)"),
+    (["--test", "ted=missing/test", "--set", "train.no_such_key=1"], "train.no_such_key"),
+])
+def test_quality_refuses_a_bad_test_set_or_config_in_one_line_before_training(
+        tmp_path, monkeypatch, extra, message):
+    quality = benchmark("quality")
+    config = Path(__file__).resolve().parents[1] / "configs" / "multi30k_de_en_transformer.yaml"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["quality.py", str(config), "--run", "run", *extra])
+    with pytest.raises(SystemExit, match=re.escape(message)) as refused:
+        quality.main()
+    assert str(refused.value).startswith("quality.py: ") and "\n" not in str(refused.value)
+    assert not (tmp_path / "run").exists()
