@@ -171,14 +171,16 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
 
 def recipe_figures(work: Path) -> dict:
     """A pipeline's compute and final scores, from ``WORK/pipeline.json``."""
+    from attnmt.errors import UserError
+
     path = work / "pipeline.json"
     if not path.is_file():
-        sys.exit(f"quality.py: {path} does not exist; --pipeline takes the --work folder of "
-                 "a finished 'attnmt pipeline'")
+        raise UserError(f"{path} does not exist; --pipeline takes the --work folder of "
+                        "a finished 'attnmt pipeline'")
     try:
         steps = json.loads(path.read_text())
     except ValueError as error:
-        sys.exit(f"quality.py: {path} is not a pipeline's record ({error})")
+        raise UserError(f"{path} is not a pipeline's record ({error})") from None
     return {"recipe_minutes": {name: step["minutes"] for name, step in steps.items()},
             "recipe_hours": round(sum(step["minutes"] for step in steps.values()) / 60, 2),
             "recipe_scores": {name: step["test_bleu"] for name, step in steps.items() if step["test_bleu"]}}
@@ -241,25 +243,26 @@ def main() -> None:
                 or args.pipeline or args.test):
             parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set, "
                          "--test or --pipeline")
-        from attnmt.errors import UserError
-
-        try:
-            record = ensemble_record(args.ensemble, args.data_dir, args.what)
-        except UserError as error:                   # a run that is not one, other vocabularies
-            sys.exit(f"quality.py: {error}")
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
-        print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
-        return
-    if not args.config or not args.run:
+    elif not args.config or not args.run:
         parser.error("CONFIG and --run are required (or --ensemble)")
-    if any("=" not in test for test in args.test):
+    elif any("=" not in test for test in args.test):
         parser.error("--test takes NAME=PREFIX, e.g. iwslt17_test=data/iwslt17-de-en/test")
     from attnmt.errors import UserError
 
-    try:
-        score_and_record(args, dict(test.split("=", 1) for test in args.test))
-    except UserError as error:       # a bad config or --test file, a damaged run or test set
+    try:      # a bad config or --test file, a damaged run, pipeline record or test set
+        if args.ensemble:
+            record_ensemble(args)
+        else:
+            score_and_record(args, dict(test.split("=", 1) for test in args.test))
+    except UserError as error:
         sys.exit(f"quality.py: {error}")
+
+
+def record_ensemble(args) -> None:
+    """Score ``args.ensemble`` as one ensemble and write its record to ``args.out``."""
+    record = ensemble_record(args.ensemble, args.data_dir, args.what)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 
 
 def score_and_record(args, others: dict[str, str]) -> None:

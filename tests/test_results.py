@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from attnmt.errors import UserError
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -223,18 +225,19 @@ def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps(dict(RECORD, extra=figures)))
     assert results.render_table(["run"], ["recipe_hours", "recipe_scores"], tmp_path).splitlines()[2] == \
         "| 1.10 | test_2016_flickr 55.0 |"
-    with pytest.raises(SystemExit, match="takes the --work folder of a finished 'attnmt pipeline'"):
+    with pytest.raises(UserError, match="takes the --work folder of a finished 'attnmt pipeline'"):
         quality.recipe_figures(tmp_path / "elsewhere")
     (tmp_path / "pipeline.json").write_text("{broken")
-    with pytest.raises(SystemExit, match="pipeline.json is not a pipeline's record"):
+    with pytest.raises(UserError, match="pipeline.json is not a pipeline's record"):
         quality.recipe_figures(tmp_path)
 
 
 @pytest.mark.parametrize("extra,message", [
     (["--test", "ted=missing/test"], "quality.py: file not found: missing/test.de (nor missing/test.de.gz)"),
     (["--test", "ted=missing/test", "--set", "train.no_such_key=1"], "train.no_such_key"),
+    (["--pipeline", "nowork"], "quality.py: nowork/pipeline.json does not exist"),
 ])
-def test_quality_refuses_a_bad_test_set_or_config_in_one_line_before_training(
+def test_quality_refuses_a_bad_test_set_config_or_pipeline_in_one_line_before_training(
         tmp_path, monkeypatch, extra, message):
     quality = benchmark("quality")
     config = Path(__file__).resolve().parents[1] / "configs" / "multi30k_de_en_transformer.yaml"
@@ -244,3 +247,12 @@ def test_quality_refuses_a_bad_test_set_or_config_in_one_line_before_training(
         quality.main()
     assert str(refused.value).startswith("quality.py: ") and "\n" not in str(refused.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_quality_refuses_an_ensemble_of_folders_that_are_not_runs_in_one_line(tmp_path, monkeypatch):
+    quality = benchmark("quality")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["quality.py", "--ensemble", "a", "b", "--out", "e.json"])
+    with pytest.raises(SystemExit, match="^quality.py: config file not found: a/config.yaml") as refused:
+        quality.main()
+    assert "\n" not in str(refused.value) and not (tmp_path / "e.json").exists()
