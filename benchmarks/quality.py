@@ -12,9 +12,10 @@ and writes ``DIR/quality.json`` in the schema of every file in ``docs/results/``
 validation curve), sacreBLEU BLEU, chrF and TER, cased and lowercased, per test set, and
 what the figures depend on: the machine as what it is (CPU model, cores, its bf16 or AMX
 support; the GPU), the precision and threads the run trained with, its seed, the commit
-and date of the scoring, and the resolved config. The budget is minutes of training time
-(validation not counted), so the result depends on the machine's speed: run it with
-nothing else on the machine.
+and date of the scoring, and the resolved config; the data folder is written ``DATA``, the
+run's parent ``runs``, the repository ``.``, so the file can go into ``docs/results/`` as
+it is. The budget is minutes of training time (validation not counted), so the result
+depends on the machine's speed: run it with nothing else on the machine.
 
 With ``--pipeline WORK`` (the run is a step of ``attnmt pipeline RECIPE --work WORK``)
 the record adds the recipe's compute and final scores from ``WORK/pipeline.json``:
@@ -33,8 +34,9 @@ same schema with no training figures.
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -220,6 +222,22 @@ def provenance(run: Path) -> dict:
             "inferred": []}
 
 
+def without_machine_paths(value, names: dict) -> object:
+    """``value`` (a record or a part of one) with each folder of ``names`` written as its name
+    (``/data/multi30k/val`` as ``DATA/val``), as the documents' commands name folders, so
+    that a record can be copied into ``docs/results/`` as it is."""
+    if isinstance(value, dict):
+        return {key: without_machine_paths(item, names) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_machine_paths(item, names) for item in value]
+    if isinstance(value, str):
+        spellings = {str(spelling): name for folder, name in names.items() if str(folder)
+                     for spelling in (Path(folder).absolute(), Path(folder).resolve())}
+        for folder in sorted(spellings, key=len, reverse=True):      # the innermost first
+            value = re.sub(re.escape(folder) + r"(?=[/\],\s]|$)", spellings[folder], value)
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?")
@@ -280,6 +298,8 @@ def score_and_record(args, others: dict[str, str]) -> None:
               "training": training_figures(args.run), "provenance": depends_on}
     if recipe:
         record["extra"] = recipe
+    record = without_machine_paths(record, {args.data_dir: "DATA", args.run.parent: "runs",
+                                            Path(__file__).resolve().parent.parent: "."})
     (args.run / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 

@@ -256,3 +256,21 @@ def test_quality_refuses_an_ensemble_of_folders_that_are_not_runs_in_one_line(tm
     with pytest.raises(SystemExit, match="^quality.py: config file not found: a/config.yaml") as refused:
         quality.main()
     assert "\n" not in str(refused.value) and not (tmp_path / "e.json").exists()
+
+
+def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_path):
+    """The data folder becomes DATA, the run's parent runs and the repository ., wherever a
+    string names them (inside an override too), the innermost first."""
+    quality = benchmark("quality")
+    data, work = tmp_path / "data" / "multi30k", tmp_path / "work"
+    record = copy.deepcopy(RECORD)
+    record["overrides"] = [f"data.synthetic=[{work}/back/pairs,{work}/ft/pairs]", f"data.dir={data}"]
+    record["provenance"]["config"] = {"data": {"dir": str(data), "valid": f"{data}/val",
+                                               "train": f"{data}2/train"}}
+    assert results.schema_errors(record)
+    names = {str(data): "DATA", work: "runs", tmp_path: "."}     # the repository holds the others
+    portable = quality.without_machine_paths(record, names)
+    assert portable["overrides"] == ["data.synthetic=[runs/back/pairs,runs/ft/pairs]", "data.dir=DATA"]
+    assert portable["provenance"]["config"]["data"] == {"dir": "DATA", "valid": "DATA/val",
+                                                       "train": "./data/multi30k2/train"}
+    assert portable["test_sets"] == RECORD["test_sets"] and results.schema_errors(portable) == []
