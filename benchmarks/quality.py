@@ -222,20 +222,26 @@ def provenance(run: Path) -> dict:
             "inferred": []}
 
 
-def without_machine_paths(value, names: dict) -> object:
-    """``value`` (a record or a part of one) with each folder of ``names`` written as its name
-    (``/data/multi30k/val`` as ``DATA/val``), as the documents' commands name folders, so
-    that a record can be copied into ``docs/results/`` as it is."""
-    if isinstance(value, dict):
-        return {key: without_machine_paths(item, names) for key, item in value.items()}
-    if isinstance(value, list):
-        return [without_machine_paths(item, names) for item in value]
-    if isinstance(value, str):
-        spellings = {str(spelling): name for folder, name in names.items() if str(folder)
-                     for spelling in (Path(folder).absolute(), Path(folder).resolve())}
-        for folder in sorted(spellings, key=len, reverse=True):      # the innermost first
-            value = re.sub(re.escape(folder) + r"(?=[/\],\s]|$)", spellings[folder], value)
-    return value
+def without_machine_paths(record: dict, names: dict) -> dict:
+    """``record`` with each folder of ``names`` written as its name wherever a string holds
+    it (``/data/multi30k/val`` as ``DATA/val``), as the documents' commands name folders, so
+    that the record can be copied into ``docs/results/`` as it is."""
+    spellings = {str(spelling): name for folder, name in names.items() if str(folder)
+                 for spelling in (Path(folder).absolute(), Path(folder).resolve())}
+    patterns = [(re.compile(re.escape(folder) + r"(?=[/\],\s]|$)"), spellings[folder])
+                for folder in sorted(spellings, key=len, reverse=True)]      # the innermost first
+
+    def portable(value):
+        if isinstance(value, dict):
+            return {key: portable(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [portable(item) for item in value]
+        if isinstance(value, str):
+            for pattern, name in patterns:
+                value = pattern.sub(name, value)
+        return value
+
+    return portable(record)
 
 
 def main() -> None:
