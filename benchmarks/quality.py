@@ -267,6 +267,8 @@ def main() -> None:
                 or args.pipeline or args.test):
             parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set, "
                          "--test or --pipeline")
+        if not args.out.absolute().parent.is_dir():                 # before minutes of scoring
+            parser.error(f"--out {args.out}: the folder {args.out.parent} does not exist")
     elif not args.config or not args.run:
         parser.error("CONFIG and --run are required (or --ensemble)")
     elif any("=" not in test for test in args.test):
@@ -284,8 +286,15 @@ def main() -> None:
 
 def record_ensemble(args) -> None:
     """Score ``args.ensemble`` as one ensemble and write its record to ``args.out``."""
-    record = ensemble_record(args.ensemble, args.data_dir, args.what)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(ensemble_record(args.ensemble, args.data_dir, args.what), args.out,
+                 {args.data_dir: "DATA", args.ensemble[0].parent: "runs"})
+
+
+def write_record(record: dict, path: Path, names: dict) -> None:
+    """Write ``record`` to ``path`` with the folders of ``names`` (and the repository's) as
+    the documents name them, and print it without its provenance."""
+    record = without_machine_paths(record, {**names, Path(__file__).resolve().parent.parent: "."})
+    path.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
 
 
@@ -304,10 +313,7 @@ def score_and_record(args, others: dict[str, str]) -> None:
               "training": training_figures(args.run), "provenance": depends_on}
     if recipe:
         record["extra"] = recipe
-    record = without_machine_paths(record, {args.data_dir: "DATA", args.run.parent: "runs",
-                                            Path(__file__).resolve().parent.parent: "."})
-    (args.run / "quality.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({key: value for key, value in record.items() if key != "provenance"}, indent=1))
+    write_record(record, args.run / "quality.json", {args.data_dir: "DATA", args.run.parent: "runs"})
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ def test_quality_refuses_an_ensemble_of_folders_that_are_not_runs_in_one_line(tm
     assert "\n" not in str(refused.value) and not (tmp_path / "e.json").exists()
 
 
-def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_path):
+def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_path, capsys):
     """The data folder becomes DATA, the run's parent runs and the repository ., wherever a
     string names them (inside an override too), the innermost first."""
     quality = benchmark("quality")
@@ -274,3 +274,18 @@ def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_p
     assert portable["provenance"]["config"]["data"] == {"dir": "DATA", "valid": "DATA/val",
                                                        "train": "./data/multi30k2/train"}
     assert portable["test_sets"] == RECORD["test_sets"] and results.schema_errors(portable) == []
+    quality.write_record(record, tmp_path / "quality.json", {str(data): "DATA", work: "runs"})
+    written = json.loads((tmp_path / "quality.json").read_text())
+    assert written["overrides"] == portable["overrides"]
+    assert json.loads(capsys.readouterr().out) == {key: value for key, value in written.items()
+                                                   if key != "provenance"}
+
+
+def test_quality_refuses_an_ensembles_record_in_a_missing_folder_before_scoring(tmp_path, monkeypatch, capsys):
+    quality = benchmark("quality")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(quality, "ensemble_record", lambda *args: pytest.fail("scored before refusing"))
+    monkeypatch.setattr(sys, "argv", ["quality.py", "--ensemble", "a", "b", "--out", "no/e.json"])
+    with pytest.raises(SystemExit):
+        quality.main()
+    assert capsys.readouterr().err.splitlines()[-1].endswith("--out no/e.json: the folder no does not exist")
