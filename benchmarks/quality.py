@@ -147,7 +147,7 @@ def scores_on(translator, prefix: Path, config) -> dict:
 def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     """An ensemble's record: its test scores, and validation BLEU at beam 5 of the ensemble
     and of each run (training validates greedy), so that it is chosen on ``val``. The runs
-    are named ``runs/NAME``, as the documents' commands name them."""
+    are named as the documents' commands name them (``member_names``)."""
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.translator import Translator
@@ -156,8 +156,8 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     config = load_config(runs[0] / "config.yaml")
     ensemble = Translator.from_runs(runs)
     valid = Path(data_dir) / "val"
-    members = {f"runs/{run.name}": scores_on(Translator.from_run(run), valid, config)["bleu"]
-               for run in runs}
+    members = {name: scores_on(Translator.from_run(run), valid, config)["bleu"]
+               for name, run in zip(member_names(runs), runs)}
     depends_on = provenance(runs[0])
     depends_on.update(seed=None, config=None)
     data = config.data
@@ -169,6 +169,18 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
             "extra": {"runs": list(members),
                       "valid_bleu_beam5": scores_on(ensemble, valid, config)["bleu"],
                       "members_valid_bleu_beam5": members}}
+
+
+def runs_folder(runs: list[Path]) -> Path:
+    """The innermost folder that holds all of ``runs``."""
+    return Path(os.path.commonpath([run.absolute().parent for run in runs]))
+
+
+def member_names(runs: list[Path]) -> list[str]:
+    """Each run as ``runs/`` and its path from ``runs_folder``: ``runs/NAME`` for runs side
+    by side, ``runs/A/NAME`` and ``runs/B/NAME`` for two runs of one name in two folders."""
+    folder = runs_folder(runs)
+    return [f"runs/{run.absolute().relative_to(folder).as_posix()}" for run in runs]
 
 
 def recipe_figures(work: Path) -> dict:
@@ -267,6 +279,8 @@ def main() -> None:
                 or args.pipeline or args.test):
             parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set, "
                          "--test or --pipeline")
+        if len({run.resolve() for run in args.ensemble}) < len(args.ensemble):
+            parser.error("--ensemble: a run is named twice; an ensemble's runs differ")
         if not args.out.absolute().parent.is_dir():                 # before minutes of scoring
             parser.error(f"--out {args.out}: the folder {args.out.parent} does not exist")
     elif not args.config or not args.run:
@@ -287,7 +301,7 @@ def main() -> None:
 def record_ensemble(args) -> None:
     """Score ``args.ensemble`` as one ensemble and write its record to ``args.out``."""
     write_record(ensemble_record(args.ensemble, args.data_dir, args.what), args.out,
-                 {args.data_dir: "DATA", args.ensemble[0].parent: "runs"})
+                 {args.data_dir: "DATA", runs_folder(args.ensemble): "runs"})
 
 
 def write_record(record: dict, path: Path, names: dict) -> None:

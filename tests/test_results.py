@@ -281,11 +281,24 @@ def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_p
                                                    if key != "provenance"}
 
 
-def test_quality_refuses_an_ensembles_record_in_a_missing_folder_before_scoring(tmp_path, monkeypatch, capsys):
+def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(tmp_path):
+    quality = benchmark("quality")
+    side_by_side = [tmp_path / "de_en", tmp_path / "de_en_bt"]
+    assert quality.member_names(side_by_side) == ["runs/de_en", "runs/de_en_bt"]
+    apart = [tmp_path / "a" / "en_fr", tmp_path / "b" / "seed2" / "en_fr"]
+    assert quality.member_names(apart) == ["runs/a/en_fr", "runs/b/seed2/en_fr"]
+    assert quality.runs_folder(apart) == tmp_path
+
+
+@pytest.mark.parametrize("runs, out, message", [
+    (["a", "./a"], "e.json", "--ensemble: a run is named twice; an ensemble's runs differ"),
+    (["a", "b"], "no/e.json", "--out no/e.json: the folder no does not exist")])
+def test_quality_refuses_a_wrong_ensemble_before_scoring(runs, out, message, tmp_path, monkeypatch,
+                                                          capsys):
     quality = benchmark("quality")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(quality, "ensemble_record", lambda *args: pytest.fail("scored before refusing"))
-    monkeypatch.setattr(sys, "argv", ["quality.py", "--ensemble", "a", "b", "--out", "no/e.json"])
+    monkeypatch.setattr(sys, "argv", ["quality.py", "--ensemble", *runs, "--out", out])
     with pytest.raises(SystemExit):
         quality.main()
-    assert capsys.readouterr().err.splitlines()[-1].endswith("--out no/e.json: the folder no does not exist")
+    assert capsys.readouterr().err.splitlines()[-1].endswith(message)
