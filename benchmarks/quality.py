@@ -147,7 +147,7 @@ def scores_on(translator, prefix: Path, config) -> dict:
 def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     """An ensemble's record: its test scores, and validation BLEU at beam 5 of the ensemble
     and of each run (training validates greedy), so that it is chosen on ``val``. The runs
-    are named as the documents' commands name them (``member_names``)."""
+    are named by their paths, which ``write_record`` writes from ``runs_folder`` on."""
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.translator import Translator
@@ -156,12 +156,12 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
     config = load_config(runs[0] / "config.yaml")
     ensemble = Translator.from_runs(runs)
     valid = Path(data_dir) / "val"
-    members = {name: scores_on(Translator.from_run(run), valid, config)["bleu"]
-               for name, run in zip(member_names(runs), runs)}
+    members = {str(run.absolute()): scores_on(Translator.from_run(run), valid, config)["bleu"]
+               for run in runs}
     depends_on = provenance(runs[0])
     depends_on.update(seed=None, config=None)
     data = config.data
-    return {"what": what or "ensemble of " + ", ".join(run.name for run in runs),
+    return {"what": what or "ensemble of " + ", ".join(members),
             "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],
             "parameters": None, "beam": config.decode.beam,
             "test_sets": set_scores(ensemble, data_dir, config), "training": None,
@@ -172,15 +172,10 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
 
 
 def runs_folder(runs: list[Path]) -> Path:
-    """The innermost folder that holds all of ``runs``."""
+    """The innermost folder that holds all of ``runs``, which an ensemble's record names
+    ``runs``: ``runs/NAME`` for runs side by side, ``runs/A/NAME`` and ``runs/B/NAME`` for two
+    runs of one name in two folders."""
     return Path(os.path.commonpath([run.absolute().parent for run in runs]))
-
-
-def member_names(runs: list[Path]) -> list[str]:
-    """Each run as ``runs/`` and its path from ``runs_folder``: ``runs/NAME`` for runs side
-    by side, ``runs/A/NAME`` and ``runs/B/NAME`` for two runs of one name in two folders."""
-    folder = runs_folder(runs)
-    return [f"runs/{run.absolute().relative_to(folder).as_posix()}" for run in runs]
 
 
 def recipe_figures(work: Path) -> dict:

@@ -183,7 +183,8 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
             with gzip.open(tmp_path / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
                 handle.write("".join(line + "\n" for line in lines))
     record = quality.ensemble_record(runs, str(tmp_path), "two tiny runs")
-    assert results.schema_errors(record) == []
+    portable = quality.without_machine_paths(record, {tmp_path: "DATA", quality.runs_folder(runs): "runs"})
+    assert results.schema_errors(portable) == []
     assert (record["what"], record["direction"], record["training"]) == ("two tiny runs", "de-en", None)
 
     def bleu(translator, name):
@@ -194,7 +195,7 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
     assert record["test_sets"]["test_2016_flickr"]["bleu"] == bleu(ensemble, "test_2016_flickr")
     assert record["extra"]["valid_bleu_beam5"] == bleu(ensemble, "val")
     assert record["extra"]["members_valid_bleu_beam5"] == {
-        f"runs/{run.name}": bleu(Translator.from_run(run), "val") for run in runs}
+        str(run.absolute()): bleu(Translator.from_run(run), "val") for run in runs}
 
 
 def test_quality_resumes_a_run_with_the_data_folder_it_started_with(tmp_path, monkeypatch):
@@ -281,13 +282,15 @@ def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_p
                                                    if key != "provenance"}
 
 
-def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(tmp_path):
+@pytest.mark.parametrize("folders, names", [
+    (["de_en", "de_en_bt"], ["runs/de_en", "runs/de_en_bt"]),
+    (["a/en_fr", "b/seed2/en_fr"], ["runs/a/en_fr", "runs/b/seed2/en_fr"])])
+def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(folders, names, tmp_path):
     quality = benchmark("quality")
-    side_by_side = [tmp_path / "de_en", tmp_path / "de_en_bt"]
-    assert quality.member_names(side_by_side) == ["runs/de_en", "runs/de_en_bt"]
-    apart = [tmp_path / "a" / "en_fr", tmp_path / "b" / "seed2" / "en_fr"]
-    assert quality.member_names(apart) == ["runs/a/en_fr", "runs/b/seed2/en_fr"]
-    assert quality.runs_folder(apart) == tmp_path
+    runs = [tmp_path / folder for folder in folders]
+    members = {"extra": {"runs": [str(run) for run in runs]}}
+    written = quality.without_machine_paths(members, {quality.runs_folder(runs): "runs"})
+    assert written["extra"]["runs"] == names
 
 
 @pytest.mark.parametrize("runs, out, message", [
