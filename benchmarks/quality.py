@@ -230,9 +230,9 @@ def provenance(run: Path) -> dict:
 
 
 def without_machine_paths(record: dict, names: dict) -> dict:
-    """``record`` with each folder of ``names`` written as its name wherever a string holds
-    it (``/data/multi30k/val`` as ``DATA/val``), as the documents' commands name folders, so
-    that the record can be copied into ``docs/results/`` as it is."""
+    """``record`` with each folder of ``names`` written as its name wherever a string, a
+    value or a key, holds it (``/data/multi30k/val`` as ``DATA/val``), as the documents'
+    commands name folders, so that the record can be copied into ``docs/results/`` as it is."""
     spellings = {str(spelling): name for folder, name in names.items() if str(folder)
                  for spelling in (Path(folder).absolute(), Path(folder).resolve())}
     patterns = [(re.compile(re.escape(folder) + r"(?=[/\],\s]|$)"), spellings[folder])
@@ -240,7 +240,7 @@ def without_machine_paths(record: dict, names: dict) -> dict:
 
     def portable(value):
         if isinstance(value, dict):
-            return {key: portable(item) for key, item in value.items()}
+            return {portable(key): portable(item) for key, item in value.items()}
         if isinstance(value, list):
             return [portable(item) for item in value]
         if isinstance(value, str):

@@ -57,6 +57,7 @@ def test_the_schema_names_what_is_wrong():
     record["direction"] = "German to English"
     record["overrides"] = ["data.synthetic=[/tmp/bt/pairs]", "data.tokenizer_from=runs/de_en"]
     record["provenance"]["config"] = {"data": {"dir": "/work/shared/data/multi30k"}}
+    record["extra"] = {"members_valid_bleu_beam5": {"/tmp/runs/de_en": 44.1}}
     assert results.schema_errors(record) == [
         "beam is missing", "bleu is not a key of the schema",
         "training.updates has the wrong type (str)",
@@ -64,7 +65,8 @@ def test_the_schema_names_what_is_wrong():
         "test_sets.test_2016_flickr.chrf is missing",
         "direction 'German to English' is not like 'de-en' or 'de+fr+cs-en'",
         "names /tmp/bt/pairs, a path of the machine it ran on; write DATA, TED or runs/NAME",
-        "names /work/shared/data/multi30k, a path of the machine it ran on; write DATA, TED or runs/NAME"]
+        "names /work/shared/data/multi30k, a path of the machine it ran on; write DATA, TED or runs/NAME",
+        "names /tmp/runs/de_en, a path of the machine it ran on; write DATA, TED or runs/NAME"]
 
 
 def test_an_unreadable_results_file_is_named_not_a_traceback(tmp_path):
@@ -288,9 +290,11 @@ def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_p
 def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(folders, names, tmp_path):
     quality = benchmark("quality")
     runs = [tmp_path / folder for folder in folders]
-    members = {"extra": {"runs": [str(run) for run in runs]}}
+    members = {"extra": {"runs": [str(run) for run in runs],
+                         "members_valid_bleu_beam5": {str(run): 40.0 for run in runs}}}
     written = quality.without_machine_paths(members, {quality.runs_folder(runs): "runs"})
     assert written["extra"]["runs"] == names
+    assert list(written["extra"]["members_valid_bleu_beam5"]) == names
 
 
 @pytest.mark.parametrize("runs, out, message", [
