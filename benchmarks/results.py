@@ -91,7 +91,7 @@ def schema_errors(record: dict) -> list[str]:
 
 def _machine_paths(value) -> list[str]:
     if isinstance(value, dict):
-        return [path for pair in value.items() for item in pair for path in _machine_paths(item)]
+        return [path for item in (*value, *value.values()) for path in _machine_paths(item)]   # keys too
     if isinstance(value, list):
         return [path for item in value for path in _machine_paths(item)]
     return MACHINE_PATH.findall(value) if isinstance(value, str) else []

@@ -1,6 +1,7 @@
 """The results files (one schema), the tables the documents generate from them, and
 ``benchmarks/quality.py``'s scores on every test set present."""
 
+import argparse
 import copy
 import gzip
 import importlib.util
@@ -184,9 +185,11 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
         for lang, lines in (("de", sources), ("en", references)):
             with gzip.open(tmp_path / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
                 handle.write("".join(line + "\n" for line in lines))
-    record = quality.ensemble_record(runs, str(tmp_path), "two tiny runs")
-    portable = quality.without_machine_paths(record, {tmp_path: "DATA", quality.runs_folder(runs): "runs"})
-    assert results.schema_errors(portable) == []
+    out = tmp_path / "ensemble.json"
+    quality.record_ensemble(argparse.Namespace(ensemble=runs, data_dir=str(tmp_path),
+                                               what="two tiny runs", out=out))
+    record = json.loads(out.read_text())
+    assert results.schema_errors(record) == []
     assert (record["what"], record["direction"], record["training"]) == ("two tiny runs", "de-en", None)
 
     def bleu(translator, name):
@@ -197,7 +200,7 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
     assert record["test_sets"]["test_2016_flickr"]["bleu"] == bleu(ensemble, "test_2016_flickr")
     assert record["extra"]["valid_bleu_beam5"] == bleu(ensemble, "val")
     assert record["extra"]["members_valid_bleu_beam5"] == {
-        str(run.absolute()): bleu(Translator.from_run(run), "val") for run in runs}
+        f"runs/{run.name}": bleu(Translator.from_run(run), "val") for run in runs}
 
 
 def test_quality_resumes_a_run_with_the_data_folder_it_started_with(tmp_path, monkeypatch):
@@ -287,12 +290,16 @@ def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_p
 @pytest.mark.parametrize("folders, names", [
     (["de_en", "de_en_bt"], ["runs/de_en", "runs/de_en_bt"]),
     (["a/en_fr", "b/seed2/en_fr"], ["runs/a/en_fr", "runs/b/seed2/en_fr"])])
-def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(folders, names, tmp_path):
+def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(folders, names, tmp_path,
+                                                                              monkeypatch):
     quality = benchmark("quality")
     runs = [tmp_path / folder for folder in folders]
-    members = {"extra": {"runs": [str(run) for run in runs],
-                         "members_valid_bleu_beam5": {str(run): 40.0 for run in runs}}}
-    written = quality.without_machine_paths(members, {quality.runs_folder(runs): "runs"})
+    members = {"extra": {"runs": [str(run.absolute()) for run in runs],           # as ensemble_record
+                         "members_valid_bleu_beam5": {str(run.absolute()): 40.0 for run in runs}}}
+    monkeypatch.setattr(quality, "ensemble_record", lambda *args: members)
+    out = tmp_path / "ensemble.json"
+    quality.record_ensemble(argparse.Namespace(ensemble=runs, data_dir="", what=None, out=out))
+    written = json.loads(out.read_text())
     assert written["extra"]["runs"] == names
     assert list(written["extra"]["members_valid_bleu_beam5"]) == names
 
