@@ -127,7 +127,7 @@ def load(name: str, results: Path = RESULTS) -> dict:
 def language_pair(record: dict, language: str) -> dict:
     """A multilingual model's record as its pair into (one-to-many) or from (many-to-one)
     ``language``: the pair it trained on keeps its figures; another pair has the
-    ``test_2016_flickr`` scores and beam-5 validation BLEU of ``extra.other_targets`` or
+    ``test_sets`` and beam-5 validation BLEU of ``extra.other_targets`` or
     ``extra.other_sources``, and no training figures (they are the first pair's)."""
     sources, targets = (side.split("+") for side in record["direction"].split("-"))
     if language in (sources[0], targets[0]):
@@ -140,7 +140,7 @@ def language_pair(record: dict, language: str) -> dict:
     else:
         raise SystemExit(f"results.py: {record['direction']} has no pair scored into or from {language}")
     return {**record, "direction": direction, "training": None,
-            "test_sets": {"test_2016_flickr": {key: scores[key] for key in ("bleu", "chrf")}},
+            "test_sets": scores["test_sets"],
             "extra": {"valid_bleu_beam5": scores["valid_bleu_beam5"]}}
 
 

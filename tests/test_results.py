@@ -122,13 +122,14 @@ def test_a_row_of_several_runs_gives_each_runs_figures_beside_opus_mt(tmp_path):
 def test_a_multilingual_models_other_pairs_come_from_its_extra_scores(tmp_path):
     one_to_many = copy.deepcopy(RECORD)
     one_to_many.update(direction="en-de+fr", what="one-to-many",
-                       extra={"other_targets": {"fr": {"bleu": 54.58, "chrf": 71.42,
-                                                       "valid_bleu_beam5": 52.39}}})
+                       extra={"other_targets": {"fr": {"valid_bleu_beam5": 52.39, "test_sets": {
+                           "test_2016_flickr": {"bleu": 54.58, "chrf": 71.42},
+                           "test_2017_mscoco": {"bleu": 40.12, "chrf": 60.3}}}}})
     (tmp_path / "en_x.json").write_text(json.dumps(one_to_many))
     table = results.render_table(["en_x:de", "en_x:fr"], ["direction", "updates", "valid", "2016_opus",
-                                                          "chrf"], tmp_path)
-    assert table.splitlines()[2:] == ["| en->de | 12,320 | 43.91 | 43.02 (36.3) | 62.09 |",
-                                      "| en->fr |  | 52.39 (beam 5) | 54.58 (52.4) | 71.42 |"]
+                                                          "chrf", "mscoco_opus"], tmp_path)
+    assert table.splitlines()[2:] == ["| en->de | 12,320 | 43.91 | 43.02 (36.3) | 62.09 | 30.50 (30.6) |",
+                                      "| en->fr |  | 52.39 (beam 5) | 54.58 (52.4) | 71.42 | 40.12 (54.7) |"]
     with pytest.raises(SystemExit, match="en-de\\+fr has no pair scored into or from cs"):
         results.render_table(["en_x:cs"], ["direction"], tmp_path)
 
