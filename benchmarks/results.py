@@ -53,6 +53,8 @@ PROVENANCE_KEYS = {"machine": str, "precision": (str, type(None)), "threads": (i
 SCORE_KEYS = {"bleu": (int, float), "chrf": (int, float, type(None)), "bleu_lc": (int, float, type(None)),
               "chrf_lc": (int, float, type(None)), "signature": (str, type(None))}
 OPTIONAL_SCORE_KEYS = {"ter": (int, float), "sentences": int}
+# A multilingual model's other pair (extra.other_targets.LANG, extra.other_sources.LANG).
+OTHER_PAIR_KEYS = {"valid_bleu_beam5": (int, float), "test_sets": dict}
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 # The best public OPUS-MT model of each direction on each Multi30k test set (BLEU), from the
 # Helsinki-NLP OPUS-MT leaderboard; Czech has test_2016_flickr only.
@@ -77,15 +79,31 @@ def schema_errors(record: dict) -> list[str]:
         errors += _check_keys(record["provenance"], PROVENANCE_KEYS, {}, "provenance.")
         errors += [f"provenance.inferred names {name!r}, not a provenance key"
                    for name in record["provenance"].get("inferred", []) if name not in PROVENANCE_KEYS]
-    for name, scores in record.get("test_sets", {}).items():
-        if not isinstance(scores, dict):
-            errors.append(f"test_sets.{name} is not an object")
-            continue
-        errors += _check_keys(scores, SCORE_KEYS, OPTIONAL_SCORE_KEYS, f"test_sets.{name}.")
+    errors += _test_set_errors(record.get("test_sets", {}), SCORE_KEYS, "test_sets.")
+    extra = record.get("extra") if isinstance(record.get("extra"), dict) else {}
+    for side in ("other_targets", "other_sources"):
+        for language, pair in extra.get(side, {}).items():
+            prefix = f"extra.{side}.{language}."
+            if not isinstance(pair, dict):
+                errors.append(f"{prefix[:-1]} is not an object")
+                continue
+            errors += _check_keys(pair, OTHER_PAIR_KEYS, {"command": str}, prefix)
+            if isinstance(pair.get("test_sets"), dict):
+                errors += _test_set_errors(pair["test_sets"], {"bleu": (int, float)}, f"{prefix}test_sets.")
     if isinstance(record.get("direction"), str) and not DIRECTION.match(record["direction"]):
         errors.append(f"direction {record['direction']!r} is not like 'de-en' or 'de+fr+cs-en'")
     errors += [f"names {path}, a path of the machine it ran on; write DATA, TED or runs/NAME"
                for path in dict.fromkeys(_machine_paths(record))]
+    return errors
+
+
+def _test_set_errors(test_sets: dict, required: dict, prefix: str) -> list[str]:
+    errors = []
+    for name, scores in test_sets.items():
+        if isinstance(scores, dict):
+            errors += _check_keys(scores, required, {**SCORE_KEYS, **OPTIONAL_SCORE_KEYS}, f"{prefix}{name}.")
+        else:
+            errors.append(f"{prefix}{name} is not an object")
     return errors
 
 
@@ -305,6 +323,8 @@ def main() -> None:
     args = parser.parse_args()
     problems = [f"{path.name}: {error}" for path in sorted(RESULTS.glob("*.json"))
                 for error in file_errors(path)]
+    if problems:                                # the tables read these files: not before they are whole
+        sys.exit("\n".join(problems))
     for document in documents():
         text = document.read_text(encoding="utf-8")
         rendered = render_document(text)

@@ -58,12 +58,14 @@ def test_the_schema_names_what_is_wrong():
     record["direction"] = "German to English"
     record["overrides"] = ["data.synthetic=[/tmp/bt/pairs]", "data.tokenizer_from=runs/de_en"]
     record["provenance"]["config"] = {"data": {"dir": "/work/shared/data/multi30k"}}
-    record["extra"] = {"members_valid_bleu_beam5": {"/tmp/runs/de_en": 44.1}}
+    record["extra"] = {"members_valid_bleu_beam5": {"/tmp/runs/de_en": 44.1},
+                       "other_sources": {"fr": {"valid_bleu_beam5": 47.6, "bleu": 49.1}}}  # the old layout
     assert results.schema_errors(record) == [
         "beam is missing", "bleu is not a key of the schema",
         "training.updates has the wrong type (str)",
         "provenance.inferred names 'weather', not a provenance key",
         "test_sets.test_2016_flickr.chrf is missing",
+        "extra.other_sources.fr.test_sets is missing", "extra.other_sources.fr.bleu is not a key of the schema",
         "direction 'German to English' is not like 'de-en' or 'de+fr+cs-en'",
         "names /tmp/bt/pairs, a path of the machine it ran on; write DATA, TED or runs/NAME",
         "names /work/shared/data/multi30k, a path of the machine it ran on; write DATA, TED or runs/NAME",
@@ -75,6 +77,20 @@ def test_an_unreadable_results_file_is_named_not_a_traceback(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
     assert results.file_errors(tmp_path / "broken.json")[0].startswith("not a readable JSON file")
     assert results.file_errors(tmp_path / "list.json") == ["not a JSON object"]
+
+
+def test_a_broken_file_a_table_reads_is_named_before_any_table_is_rendered(tmp_path, monkeypatch):
+    old_layout = copy.deepcopy(RECORD)
+    old_layout.update(direction="de+fr-en", extra={"other_sources": {"fr": {"valid_bleu_beam5": 47.6,
+                                                                            "bleu": 49.1}}})
+    (tmp_path / "x_en.json").write_text(json.dumps(old_layout))
+    document = tmp_path / "page.md"
+    document.write_text("<!-- results: x_en:fr | 2016 -->\n<!-- end results -->\n")
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.setattr(results, "documents", lambda: [document])
+    monkeypatch.setattr(sys, "argv", ["results.py"])
+    with pytest.raises(SystemExit, match="x_en.json: extra.other_sources.fr.test_sets is missing"):
+        results.main()
 
 
 def test_a_table_is_rendered_from_the_files(tmp_path):
