@@ -1,0 +1,138 @@
+#!/bin/bash
+# Teachers on one GPU for en->de and de->en, trained at once (four per direction: the
+# preset's size, two 512-d 6+6-layer models, one 512-d with 4 heads and FFN 1,024), chosen
+# on val (each alone, then ensembles of the best 2, 3, 4 at beam 5); the chosen ensemble
+# scores every test set and translates the training sources (distillation) and task 2's
+# captions of its source language (forward translation, and back-translation for the
+# reverse direction) until DEADLINE seconds after the start:
+#
+#     IN=gpu_in OUT=gpu_out bash benchmarks/gpu_teachers.sh
+#
+# IN holds data/ (Multi30k's train, val and test files, .de.gz and .en.gz), vocab_en_de/
+# and vocab_de_en/ (runs whose tokenizers every teacher shares: `attnmt train` of the
+# preset with train.max_steps=1, its weights deleted), and mono/mono.{de,en}.gz (task 2's
+# captions absent from task 1's train and val, as recipes/en_de.yaml writes them). OUT
+# gets syn/*.tar.gz (the translated pairs, both sides cut to their common length) and
+# logs.tar.gz (every log, each run's config.yaml and log.csv). docs/results.md says what
+# one H200 gave (GPU teachers). A dry run on a CPU, to check the script in minutes:
+# DEV=cpu TEACH_TIMEOUT=1500 TRAIN='--set train.max_steps=2 --set train.validate_every=2'
+# VAL=10 TRAIN_LINES=15 MONO_LINES=12 (the first lines of val, train and the captions).
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+G=${IN:-gpu_in} W=${WORK:-/tmp/gpu_teachers} OUT=${OUT:-gpu_out}
+D=$G/data L=$OUT/logs
+DEV=${DEV:-cuda} TRAIN=${TRAIN:---set train.max_minutes=4.2} DEADLINE=${DEADLINE:-535}
+VAL=${VAL:-0} MONO_LINES=${MONO_LINES:-0} TRAIN_LINES=${TRAIN_LINES:-0}
+mkdir -p $W/syn $L $OUT/syn
+python=${PYTHON:-python3}
+A="$python -m attnmt"
+DEC="--device $DEV --beam 5 --batch-tokens 16384"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $python -c "import sys, torch; print(sys.version, torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
+  nproc; } > $L/machine.txt 2>&1
+[ $DEV = cuda ] && { $python -m pytest -q -p no:cacheprovider tests/test_cuda.py > $L/test_cuda.log 2>&1 & }
+
+BIG="--set model.d_model=512 --set model.heads=8 --set model.ffn_dim=2048 --set model.encoder_layers=6
+     --set model.decoder_layers=6 --set model.dropout=0.3 --set model.norm=pre --set train.lr=0.0007"
+MID="--set model.d_model=512 --set model.heads=4 --set model.ffn_dim=1024 --set model.encoder_layers=6
+     --set model.decoder_layers=6 --set model.dropout=0.3 --set model.norm=pre --set train.lr=0.0007"
+
+teach() {  # SRC TGT NAME OVERRIDES...
+    local s=$1 t=$2 n=$3; shift 3
+    timeout ${TEACH_TIMEOUT:-345} $A train configs/multi30k_de_en_transformer.yaml --run $W/${s}_$t/$n \
+        --set data.src_lang=$s --set data.tgt_lang=$t --set data.dir=$D \
+        --set data.tokenizer_from=$G/vocab_${s}_$t --set train.device=$DEV --set train.threads=2 \
+        --set train.batch_tokens=8192 $TRAIN "$@" > $L/train_${s}_${t}_$n.log 2>&1
+}
+
+bounded() {  # COMMAND...: run it until the deadline (not at all past it)
+    local left=$(( DEADLINE - $(el) ))
+    [ $left -gt 5 ] && timeout $left "$@"
+}
+
+first_bleu() { awk '/^BLEU/ {print $2; exit}' "$1"; }
+
+val_file() {  # LANG: the validation file, or its first VAL lines
+    if [ "$VAL" = 0 ]; then echo $D/val.$1.gz; else zcat $D/val.$1.gz | head -n $VAL > $W/val.$1; echo $W/val.$1; fi
+}
+
+choose() {  # SRC TGT: val scores of singles and ensembles; prints the chosen runs
+    local s=$1 t=$2 E=$L/${1}_$2 runs=() n
+    mkdir -p $E
+    local src=$(val_file $s) ref=$(val_file $t)
+    for n in preset big1 big2 mid; do
+        [ -f $W/${s}_$t/$n/best.safetensors ] || continue
+        $A evaluate $W/${s}_$t/$n $DEC --src $src --ref $ref > $E/val_$n.log 2>&1 &
+    done
+    wait
+    local ranked=$(for f in $E/val_*.log; do b=$(first_bleu $f); [ -n "$b" ] && echo "$b $(basename $f .log)"; done \
+                   | sort -rn | awk '{sub("val_", "", $2); print $2}')
+    echo $ranked > $E/ranked.txt
+    local members=($ranked) k
+    for k in 2 3 4; do
+        [ ${#members[@]} -ge $k ] || break
+        $A evaluate $(for n in "${members[@]:0:k}"; do echo $W/${s}_$t/$n; done) $DEC \
+            --src $src --ref $ref > $E/val_top$k.log 2>&1 &
+    done
+    wait
+    { for k in 1 2 3 4; do
+          f=$E/val_top$k.log; [ $k = 1 ] && f=$E/val_${members[0]}.log
+          [ -f $f ] && b=$(first_bleu $f) && [ -n "$b" ] && echo "$b $k"
+      done; } | sort -k1,1rn -k2,2n > $E/choice.txt
+    local best=$(head -n 1 $E/choice.txt | awk '{print $2}')
+    for n in "${members[@]:0:best}"; do echo $W/${s}_$t/$n; done > $E/chosen.txt
+}
+
+translate() {  # SRC TGT: the chosen ensemble on the test sets, the training sources, the captions
+    local s=$1 t=$2 E=$L/${1}_$2 n
+    local chosen=$(cat $E/chosen.txt)
+    bounded $A evaluate $chosen $DEC --test $D/test_2016_flickr $D/test_2017_flickr $D/test_2017_mscoco \
+        > $E/test_ensemble.log 2>&1 &
+    for n in preset big1 big2 mid; do
+        [ -f $W/${s}_$t/$n/best.safetensors ] || continue
+        bounded $A evaluate $W/${s}_$t/$n $DEC --test $D/test_2016_flickr $D/test_2017_flickr \
+            $D/test_2017_mscoco > $E/test_$n.log 2>&1 &
+    done
+    local train=$D/train.$s.gz mono=$G/mono/mono.$s.gz
+    [ "$TRAIN_LINES" = 0 ] || { zcat $train | head -n $TRAIN_LINES > $W/train.$s; train=$W/train.$s; }
+    bounded $A synthesize $chosen $DEC -i $train -o $W/syn/${s}_${t}_train > $E/syn_train.log 2>&1
+    [ "$MONO_LINES" = 0 ] || { zcat $mono | head -n $MONO_LINES > $W/mono.$s; mono=$W/mono.$s; }
+    bounded $A synthesize $chosen $DEC -i $mono \
+        -o $W/syn/${s}_${t}_mono > $E/syn_mono.log 2>&1
+    wait
+}
+
+pack() {  # PREFIX SRC TGT: both sides cut to their common length, gzipped into $OUT/syn
+    local p=$1 s=$2 t=$3 n
+    [ -f $p.$s ] && [ -f $p.$t ] || return 0
+    n=$(( $(wc -l < $p.$s) < $(wc -l < $p.$t) ? $(wc -l < $p.$s) : $(wc -l < $p.$t) ))
+    head -n $n $p.$s > $p.cut.$s; head -n $n $p.$t > $p.cut.$t
+    tar -czf $OUT/syn/$(basename $p).tar.gz -C $(dirname $p) $(basename $p).cut.$s $(basename $p).cut.$t
+    echo "$(basename $p): $n pairs" >> $L/synthetic.txt
+}
+
+for p in "en de" "de en"; do
+    set -- $p
+    teach $1 $2 preset &
+    teach $1 $2 big1 $BIG &
+    teach $1 $2 big2 $BIG --set train.seed=2 &
+    teach $1 $2 mid $MID &
+done
+wait
+echo "teachers trained at $(el) s" >> $L/timeline.txt
+(choose en de; translate en de) &
+(choose de en; translate de en) &
+wait
+echo "translated at $(el) s" >> $L/timeline.txt
+for p in "en de" "de en"; do
+    set -- $p
+    pack $W/syn/${1}_${2}_train $1 $2
+    pack $W/syn/${1}_${2}_mono $1 $2
+done
+for r in $W/*_*/*/; do
+    d=$L/runs/$(basename $(dirname $r))_$(basename $r); mkdir -p $d; cp $r/config.yaml $r/log.csv $d/ 2>/dev/null
+done
+tar -czf $OUT/logs.tar.gz -C $OUT logs && rm -rf $L
+echo "done at $(el) s"
