@@ -25,6 +25,10 @@ G=${IN:-gpu_in} W=${WORK:-/tmp/gpu_teachers} OUT=${OUT:-gpu_out}
 D=$G/data L=$OUT/logs
 DEV=${DEV:-cuda} TRAIN=${TRAIN:---set train.max_minutes=4.2} DEADLINE=${DEADLINE:-535}
 VAL=${VAL:-0} MONO_LINES=${MONO_LINES:-0} TRAIN_LINES=${TRAIN_LINES:-0}
+for need in $D/train.en.gz $D/train.de.gz $D/val.en.gz $D/val.de.gz $G/vocab_en_de/config.yaml \
+            $G/vocab_de_en/config.yaml $G/mono/mono.en.gz $G/mono/mono.de.gz; do
+    [ -f $need ] || { echo "gpu_teachers.sh: $need not found (IN=$G; the head of this script says what IN holds)" >&2; exit 1; }
+done
 mkdir -p $W/syn $L $OUT/syn
 python=${PYTHON:-python3}
 A="$python -m attnmt"
@@ -54,22 +58,23 @@ bounded() {  # COMMAND...: run it until the deadline (not at all past it)
 
 first_bleu() { awk '/^BLEU/ {print $2; exit}' "$1"; }
 
-val_file() {  # LANG: the validation file, or its first VAL lines
-    if [ "$VAL" = 0 ]; then echo $D/val.$1.gz; else zcat $D/val.$1.gz | head -n $VAL > $W/val.$1; echo $W/val.$1; fi
+first_lines() {  # FILE N: FILE's name, or with N > 0 that of a copy of its first N lines
+    if [ "$2" = 0 ]; then echo $1; else zcat -f $1 | head -n $2 > $W/$(basename $1 .gz); echo $W/$(basename $1 .gz); fi
 }
 
-choose() {  # SRC TGT: val scores of singles and ensembles; prints the chosen runs
-    local s=$1 t=$2 E=$L/${1}_$2 runs=() n
+choose() {  # SRC TGT: val scores of singles and ensembles; writes the chosen runs to chosen.txt
+    local s=$1 t=$2 E=$L/${1}_$2 n
     mkdir -p $E
-    local src=$(val_file $s) ref=$(val_file $t)
+    local src=$(first_lines $D/val.$s.gz $VAL) ref=$(first_lines $D/val.$t.gz $VAL)
     for n in preset big1 big2 mid; do
         [ -f $W/${s}_$t/$n/best.safetensors ] || continue
         $A evaluate $W/${s}_$t/$n $DEC --src $src --ref $ref > $E/val_$n.log 2>&1 &
     done
     wait
-    local ranked=$(for f in $E/val_*.log; do b=$(first_bleu $f); [ -n "$b" ] && echo "$b $(basename $f .log)"; done \
+    local ranked=$(for f in $E/val_*.log; do [ -f $f ] || continue; b=$(first_bleu $f); [ -n "$b" ] && echo "$b $(basename $f .log)"; done \
                    | sort -rn | awk '{sub("val_", "", $2); print $2}')
     echo $ranked > $E/ranked.txt
+    [ -n "$ranked" ] || { echo "gpu_teachers.sh: no $s->$t teacher was scored; see train_${s}_${t}_*.log in $OUT/logs.tar.gz" >&2; return 1; }
     local members=($ranked) k
     for k in 2 3 4; do
         [ ${#members[@]} -ge $k ] || break
@@ -95,11 +100,9 @@ translate() {  # SRC TGT: the chosen ensemble on the test sets, the training sou
         bounded $A evaluate $W/${s}_$t/$n $DEC --test $D/test_2016_flickr $D/test_2017_flickr \
             $D/test_2017_mscoco > $E/test_$n.log 2>&1 &
     done
-    local train=$D/train.$s.gz mono=$G/mono/mono.$s.gz
-    [ "$TRAIN_LINES" = 0 ] || { zcat $train | head -n $TRAIN_LINES > $W/train.$s; train=$W/train.$s; }
-    bounded $A synthesize $chosen $DEC -i $train -o $W/syn/${s}_${t}_train > $E/syn_train.log 2>&1
-    [ "$MONO_LINES" = 0 ] || { zcat $mono | head -n $MONO_LINES > $W/mono.$s; mono=$W/mono.$s; }
-    bounded $A synthesize $chosen $DEC -i $mono \
+    bounded $A synthesize $chosen $DEC -i $(first_lines $D/train.$s.gz $TRAIN_LINES) \
+        -o $W/syn/${s}_${t}_train > $E/syn_train.log 2>&1
+    bounded $A synthesize $chosen $DEC -i $(first_lines $G/mono/mono.$s.gz $MONO_LINES) \
         -o $W/syn/${s}_${t}_mono > $E/syn_mono.log 2>&1
     wait
 }
@@ -122,9 +125,11 @@ for p in "en de" "de en"; do
 done
 wait
 echo "teachers trained at $(el) s" >> $L/timeline.txt
-(choose en de; translate en de) &
-(choose de en; translate de en) &
-wait
+(choose en de && translate en de) & en_de=$!
+(choose de en && translate de en) & de_en=$!
+failed=0
+wait $en_de || failed=1
+wait $de_en || failed=1
 echo "translated at $(el) s" >> $L/timeline.txt
 for p in "en de" "de en"; do
     set -- $p
@@ -136,3 +141,4 @@ for r in $W/*_*/*/; do
 done
 tar -czf $OUT/logs.tar.gz -C $OUT logs && rm -rf $L
 echo "done at $(el) s"
+exit $failed
