@@ -1,5 +1,5 @@
 #!/bin/bash
-# Teachers on one GPU for en->de and de->en, trained at once (four per direction: the
+# Teachers on one GPU for en->de and de->en (or one of them: PAIRS=en-de), trained at once (four per direction: the
 # preset's size, two 512-d 6+6-layer models, one 512-d with 4 heads and FFN 1,024), chosen
 # on val (each alone, then ensembles of the best 2, 3, 4 at beam 5); the chosen ensemble
 # scores every test set and translates the training sources (distillation) and task 2's
@@ -8,9 +8,9 @@
 #
 #     IN=gpu_in OUT=gpu_out bash benchmarks/gpu_teachers.sh
 #
-# IN holds data/ (Multi30k's train, val and test files, .de.gz and .en.gz), vocab_en_de/
-# and vocab_de_en/ (runs whose tokenizers every teacher shares: `attnmt train` of the
-# preset with train.max_steps=1, its weights deleted), and mono/mono.{de,en}.gz (task 2's
+# IN holds data/ (Multi30k's train, val and test files, .de.gz and .en.gz), vocab_S_T/ for
+# each direction S->T (a run whose tokenizer every teacher shares: `attnmt train` of the
+# preset with train.max_steps=1, its weights deleted), and mono/mono.S.gz (task 2's
 # captions absent from task 1's train and val, as recipes/en_de.yaml writes them). OUT
 # gets syn/*.tar.gz (the translated pairs, both sides cut to their common length) and
 # logs.tar.gz (every log, each run's config.yaml and log.csv). docs/results.md says what
@@ -25,9 +25,12 @@ G=${IN:-gpu_in} W=${WORK:-/tmp/gpu_teachers} OUT=${OUT:-gpu_out}
 D=$G/data L=$OUT/logs
 DEV=${DEV:-cuda} TRAIN=${TRAIN:---set train.max_minutes=4.2} DEADLINE=${DEADLINE:-535}
 VAL=${VAL:-0} MONO_LINES=${MONO_LINES:-0} TRAIN_LINES=${TRAIN_LINES:-0}
-for need in $D/train.en.gz $D/train.de.gz $D/val.en.gz $D/val.de.gz $G/vocab_en_de/config.yaml \
-            $G/vocab_de_en/config.yaml $G/mono/mono.en.gz $G/mono/mono.de.gz; do
-    [ -f $need ] || { echo "gpu_teachers.sh: $need not found (IN=$G; the head of this script says what IN holds)" >&2; exit 1; }
+PAIRS=${PAIRS:-en-de de-en}
+for pair in $PAIRS; do
+    s=${pair%-*} t=${pair#*-}
+    for need in $D/train.$s.gz $D/train.$t.gz $D/val.$s.gz $D/val.$t.gz $G/vocab_${s}_$t/config.yaml $G/mono/mono.$s.gz; do
+        [ -f $need ] || { echo "gpu_teachers.sh: $need not found (IN=$G; the head of this script says what IN holds)" >&2; exit 1; }
+    done
 done
 mkdir -p $W/syn $L $OUT/syn
 python=${PYTHON:-python3}
@@ -116,25 +119,27 @@ pack() {  # PREFIX SRC TGT: both sides cut to their common length, gzipped into 
     echo "$(basename $p): $n pairs" >> $L/synthetic.txt
 }
 
-for p in "en de" "de en"; do
-    set -- $p
-    teach $1 $2 preset &
-    teach $1 $2 big1 $BIG &
-    teach $1 $2 big2 $BIG --set train.seed=2 &
-    teach $1 $2 mid $MID &
+for pair in $PAIRS; do
+    s=${pair%-*} t=${pair#*-}
+    teach $s $t preset &
+    teach $s $t big1 $BIG &
+    teach $s $t big2 $BIG --set train.seed=2 &
+    teach $s $t mid $MID &
 done
 wait
 echo "teachers trained at $(el) s" >> $L/timeline.txt
-(choose en de && translate en de) & en_de=$!
-(choose de en && translate de en) & de_en=$!
+pids=()
+for pair in $PAIRS; do
+    s=${pair%-*} t=${pair#*-}
+    (choose $s $t && translate $s $t) & pids+=($!)
+done
 failed=0
-wait $en_de || failed=1
-wait $de_en || failed=1
+for pid in "${pids[@]}"; do wait $pid || failed=1; done
 echo "translated at $(el) s" >> $L/timeline.txt
-for p in "en de" "de en"; do
-    set -- $p
-    pack $W/syn/${1}_${2}_train $1 $2
-    pack $W/syn/${1}_${2}_mono $1 $2
+for pair in $PAIRS; do
+    s=${pair%-*} t=${pair#*-}
+    pack $W/syn/${s}_${t}_train $s $t
+    pack $W/syn/${s}_${t}_mono $s $t
 done
 for r in $W/*_*/*/; do
     d=$L/runs/$(basename $(dirname $r))_$(basename $r); mkdir -p $d; cp $r/config.yaml $r/log.csv $d/ 2>/dev/null
