@@ -1,10 +1,10 @@
 #!/bin/bash
-# Teachers on one GPU for en->de and de->en (or one of them: PAIRS=en-de), trained at once (four per direction: the
-# preset's size, two 512-d 6+6-layer models, one 512-d with 4 heads and FFN 1,024), chosen
-# on val (each alone, then ensembles of the best 2, 3, 4 at beam 5); the chosen ensemble
-# scores every test set and translates the training sources (distillation) and task 2's
-# captions of its source language (forward translation, and back-translation for the
-# reverse direction) until DEADLINE seconds after the start:
+# Teachers on one GPU for en->de and de->en (or one of them: PAIRS=en-de), trained at once
+# (four per direction: the preset's size, two 512-d 6+6-layer models, one 512-d with 4 heads
+# and FFN 1,024), chosen on val (each alone, then ensembles of the best 2, 3, 4 at beam 5);
+# the chosen ensemble scores every test set and translates the training sources
+# (distillation) and task 2's captions of its source language (forward translation, and
+# back-translation for the reverse direction) until DEADLINE seconds after the start:
 #
 #     IN=gpu_in OUT=gpu_out bash benchmarks/gpu_teachers.sh
 #
