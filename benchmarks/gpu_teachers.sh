@@ -26,12 +26,20 @@ D=$G/data L=$OUT/logs
 DEV=${DEV:-cuda} TRAIN=${TRAIN:---set train.max_minutes=4.2} DEADLINE=${DEADLINE:-535}
 VAL=${VAL:-0} MONO_LINES=${MONO_LINES:-0} TRAIN_LINES=${TRAIN_LINES:-0}
 PAIRS=${PAIRS:-en-de de-en}
-for pair in $PAIRS; do
-    s=${pair%-*} t=${pair#*-}
-    for need in $D/train.$s.gz $D/train.$t.gz $D/val.$s.gz $D/val.$t.gz $G/vocab_${s}_$t/config.yaml $G/mono/mono.$s.gz; do
-        [ -f $need ] || { echo "gpu_teachers.sh: $need not found (IN=$G; the head of this script says what IN holds)" >&2; exit 1; }
+
+each_pair() {  # COMMAND...: COMMAND SRC TGT for each direction SRC-TGT of PAIRS
+    local pair
+    for pair in $PAIRS; do "$@" ${pair%-*} ${pair#*-} || return 1; done
+}
+
+inputs_present() {  # SRC TGT
+    local need
+    for need in $D/train.$1.gz $D/train.$2.gz $D/val.$1.gz $D/val.$2.gz $G/vocab_$1_$2/config.yaml $G/mono/mono.$1.gz; do
+        [ -f $need ] || { echo "gpu_teachers.sh: $need not found (IN=$G; the head of this script says what IN holds)" >&2; return 1; }
     done
-done
+}
+
+each_pair inputs_present || exit 1
 mkdir -p $W/syn $L $OUT/syn
 python=${PYTHON:-python3}
 A="$python -m attnmt"
@@ -62,7 +70,11 @@ bounded() {  # COMMAND...: run it until the deadline (not at all past it)
 first_bleu() { awk '/^BLEU/ {print $2; exit}' "$1"; }
 
 first_lines() {  # FILE N: FILE's name, or with N > 0 that of a copy of its first N lines
-    if [ "$2" = 0 ]; then echo $1; else zcat -f $1 | head -n $2 > $W/$(basename $1 .gz); echo $W/$(basename $1 .gz); fi
+    [ "$2" = 0 ] && { echo $1; return; }
+    local copy=$W/$(basename $1 .gz).$2  # both directions may ask for it at once: written whole, then renamed
+    local part=$copy.$BASHPID
+    [ -f $copy ] || { zcat -f $1 | head -n $2 > $part && mv $part $copy; }
+    echo $copy
 }
 
 choose() {  # SRC TGT: val scores of singles and ensembles; writes the chosen runs to chosen.txt
@@ -119,29 +131,33 @@ pack() {  # PREFIX SRC TGT: both sides cut to their common length, gzipped into 
     echo "$(basename $p): $n pairs" >> $L/synthetic.txt
 }
 
-for pair in $PAIRS; do
-    s=${pair%-*} t=${pair#*-}
-    teach $s $t preset &
-    teach $s $t big1 $BIG &
-    teach $s $t big2 $BIG --set train.seed=2 &
-    teach $s $t mid $MID &
-done
+start_teachers() {  # SRC TGT: the four teachers, in the background
+    teach $1 $2 preset &
+    teach $1 $2 big1 $BIG &
+    teach $1 $2 big2 $BIG --set train.seed=2 &
+    teach $1 $2 mid $MID &
+}
+
+pids=()
+start_choosing() {  # SRC TGT: choose, then translate, in the background
+    (choose $1 $2 && translate $1 $2) & pids+=($!)
+}
+
+pack_pair() {  # SRC TGT
+    pack $W/syn/$1_$2_train $1 $2
+    pack $W/syn/$1_$2_mono $1 $2
+}
+
+each_pair start_teachers
 wait
 echo "teachers trained at $(el) s" >> $L/timeline.txt
-pids=()
-for pair in $PAIRS; do
-    s=${pair%-*} t=${pair#*-}
-    (choose $s $t && translate $s $t) & pids+=($!)
-done
+each_pair start_choosing
 failed=0
 for pid in "${pids[@]}"; do wait $pid || failed=1; done
 echo "translated at $(el) s" >> $L/timeline.txt
-for pair in $PAIRS; do
-    s=${pair%-*} t=${pair#*-}
-    pack $W/syn/${s}_${t}_train $s $t
-    pack $W/syn/${s}_${t}_mono $s $t
-done
+each_pair pack_pair
 for r in $W/*_*/*/; do
+    [ -d "$r" ] || continue  # no teacher started: the pattern itself
     d=$L/runs/$(basename $(dirname $r))_$(basename $r); mkdir -p $d; cp $r/config.yaml $r/log.csv $d/ 2>/dev/null
 done
 tar -czf $OUT/logs.tar.gz -C $OUT logs && rm -rf $L
