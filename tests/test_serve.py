@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 
-import httpx
+import httpx2
 import pytest
 from fastapi.testclient import TestClient
 
@@ -191,8 +191,8 @@ def test_work_budget_and_queue_bound(tiny_runs):
         nonlocal loop
         loop = asyncio.get_running_loop()
         translator.translate = slow_translate
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
             body = {"text": "dreihundertzwölf", "beam": 5}
             first = [asyncio.create_task(client.post("/translate", json=body)) for _ in range(2)]
             await asyncio.sleep(0.3)                      # 2 x one waiting: no room for a third
@@ -240,8 +240,8 @@ def test_concurrent_requests_are_batched_and_answered_to_the_right_caller(tiny_r
     words = ["sieben", "acht", "neun", "zehn", "elf", "zwölf", "dreizehn", "vierzehn"]
 
     async def run_all():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
             alone = {w: (await client.post("/translate", json={"text": w, "beam": 2})).json()
                      for w in words}
             together = await asyncio.gather(*(client.post("/translate", json={"text": w, "beam": 2})
@@ -573,8 +573,8 @@ def test_a_failing_request_fails_alone(tiny_runs):
     app = create_app(translator, wait_ms=200)
 
     async def run_both():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
             return await asyncio.gather(
                 client.post("/translate", json={"texts": ["sieben", "acht"], "beam": 2}),
                 client.post("/translate", json={"texts": ["neun"], "beam": 2}))
@@ -600,8 +600,8 @@ def test_health_answers_while_a_response_is_rendered(tiny_runs, monkeypatch):
     app = create_app(Translator.from_run(tiny_runs["transformer"]))
 
     async def run_both():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        transport = httpx2.ASGITransport(app=app)
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
             translation = asyncio.create_task(client.post("/translate", json={"text": "sieben"}))
             await asyncio.sleep(0.5)
             start = time.perf_counter()
