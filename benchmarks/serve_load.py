@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+import httpx2
 
 
 
@@ -54,18 +54,18 @@ async def abuse(url: str, clients: int, stop: asyncio.Event) -> dict:
     """``clients`` clients cycling through :data:`ABUSIVE` until ``stop``; answers by status."""
     statuses: dict[int, int] = {}
 
-    async def client(session: httpx.AsyncClient, first: int):
+    async def client(session: httpx2.AsyncClient, first: int):
         index = first
         while not stop.is_set():
             try:
                 response = await session.post(f"{url}/translate", json=ABUSIVE[index % len(ABUSIVE)])
                 status = response.status_code
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 status = 0
             statuses[status] = statuses.get(status, 0) + 1
             index += 1
 
-    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=clients)) as session:
+    async with httpx2.AsyncClient(timeout=300, limits=httpx2.Limits(max_connections=clients)) as session:
         await asyncio.gather(*(client(session, number) for number in range(clients)))
     return statuses
 
@@ -73,13 +73,13 @@ async def abuse(url: str, clients: int, stop: asyncio.Event) -> dict:
 async def watch(url: str, pid: int, stop: asyncio.Event) -> dict:
     """The server's resident memory and /health's answer time, every 100 ms until ``stop``."""
     rss, health = [], []
-    async with httpx.AsyncClient(timeout=30) as session:
+    async with httpx2.AsyncClient(timeout=30) as session:
         while not stop.is_set():
             rss.append(resident_mb(pid))
             start = time.perf_counter()
             try:
                 ok = (await session.get(f"{url}/health")).status_code == 200
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 ok = False
             health.append(time.perf_counter() - start if ok else float("inf"))
             await asyncio.sleep(0.1)
@@ -112,7 +112,7 @@ async def load(url: str, texts: list[str], requests: int, clients: int, beam: in
     for index in range(requests):
         queue.put_nowait(index)
 
-    async def client(session: httpx.AsyncClient):
+    async def client(session: httpx2.AsyncClient):
         nonlocal failures
         while not queue.empty():
             index = queue.get_nowait()
@@ -122,13 +122,13 @@ async def load(url: str, texts: list[str], requests: int, clients: int, beam: in
                 response = await session.post(f"{url}/translate", json={"text": text, "beam": beam})
                 ok = response.status_code == 200 and \
                     response.json()["translations"][0]["source"] == text
-            except httpx.HTTPError:
+            except httpx2.HTTPError:
                 ok = False
             latencies.append(time.perf_counter() - start)
             failures += not ok
 
-    limits = httpx.Limits(max_connections=clients)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as session:
+    limits = httpx2.Limits(max_connections=clients)
+    async with httpx2.AsyncClient(timeout=300, limits=limits) as session:
         start = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(clients)))
         seconds = time.perf_counter() - start
@@ -143,9 +143,9 @@ def wait_until_up(url: str, server: subprocess.Popen) -> None:
         if server.poll() is not None:
             raise RuntimeError("the server exited")
         try:
-            httpx.get(f"{url}/health", timeout=1)
+            httpx2.get(f"{url}/health", timeout=1)
             return
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             time.sleep(0.2)
     raise RuntimeError("the server did not start")
 
