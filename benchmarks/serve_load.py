@@ -166,9 +166,14 @@ def main() -> None:
     args = parser.parse_args()
     from attnmt.config import load_config
     from attnmt.data.corpus import find_language_file, read_lines
+    from attnmt.errors import UserError
 
-    config = load_config(Path(args.run) / "config.yaml")
-    texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr", config.data.src_lang))
+    try:      # not a run, or no test_2016_flickr for its source language in --data
+        config = load_config(Path(args.run) / "config.yaml")
+        texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr",
+                                              config.data.src_lang))
+    except UserError as error:
+        sys.exit(f"serve_load.py: {error}")
     print(f"{args.requests} requests, {args.clients} concurrent clients, beam {args.beam}, "
           f"{args.threads} threads, loopback, {args.abuse} abusive clients\n")
     print("| engine | micro-batching | answered | failed | seconds | requests/s | p50 s | p99 s | "
