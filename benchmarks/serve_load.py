@@ -21,11 +21,13 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx2
 
+from attnmt.errors import UserError
 
 
 # Requests within every per-field limit that cost the most: attention, self-attention,
@@ -137,20 +139,31 @@ async def load(url: str, texts: list[str], requests: int, clients: int, beam: in
             "p50": latencies[len(latencies) // 2], "p99": latencies[int(len(latencies) * 0.99) - 1]}
 
 
-def wait_until_up(url: str, server: subprocess.Popen) -> None:
+def wait_until_up(url: str, server: subprocess.Popen, server_log) -> None:
+    """Return once /health answers; a server that exits or never answers is the user's
+    problem (a damaged run, a missing engine), told with the last line it wrote."""
     deadline = time.time() + 120
     while time.time() < deadline:
         if server.poll() is not None:
-            raise RuntimeError("the server exited")
+            server_log.seek(0)
+            said = server_log.read().decode(errors="replace").strip().splitlines()
+            raise UserError(f"`attnmt serve` exited: {said[-1] if said else 'no message'}")
         try:
             httpx2.get(f"{url}/health", timeout=1)
             return
         except httpx2.HTTPError:
             time.sleep(0.2)
-    raise RuntimeError("the server did not start")
+    raise UserError(f"`attnmt serve` did not answer {url}/health within 120 s")
 
 
 def main() -> None:
+    try:      # a run that is not one, no test set for its language, a server that cannot start
+        benchmark(parse_arguments())
+    except UserError as error:
+        sys.exit(f"serve_load.py: {error}")
+
+
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run")
     parser.add_argument("--requests", type=int, default=1000)
@@ -163,17 +176,16 @@ def main() -> None:
                         help="K more clients sending the abusive requests meanwhile")
     parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def benchmark(args: argparse.Namespace) -> None:
+    """Serve ``args.run`` with each engine and micro-batching mode in turn; print a row each."""
     from attnmt.config import load_config
     from attnmt.data.corpus import find_language_file, read_lines
-    from attnmt.errors import UserError
 
-    try:      # not a run, or no test_2016_flickr for its source language in --data
-        config = load_config(Path(args.run) / "config.yaml")
-        texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr",
-                                              config.data.src_lang))
-    except UserError as error:
-        sys.exit(f"serve_load.py: {error}")
+    config = load_config(Path(args.run) / "config.yaml")
+    texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr", config.data.src_lang))
     print(f"{args.requests} requests, {args.clients} concurrent clients, beam {args.beam}, "
           f"{args.threads} threads, loopback, {args.abuse} abusive clients\n")
     print("| engine | micro-batching | answered | failed | seconds | requests/s | p50 s | p99 s | "
@@ -189,15 +201,17 @@ def main() -> None:
                    "--threads", str(args.threads), "--max-texts", "64", "--engine", engine]
         if mode == "off":
             command.append("--no-micro-batch")
-        server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        server_log = tempfile.TemporaryFile()
+        server = subprocess.Popen(command, stderr=server_log)
         try:
             url = f"http://127.0.0.1:{port}"
-            wait_until_up(url, server)
+            wait_until_up(url, server, server_log)
             result = asyncio.run(load_with_abuse(url, server.pid, texts, args.requests,
                                                  args.clients, args.beam, args.abuse))
         finally:
             server.terminate()
             server.wait(timeout=30)
+            server_log.close()
         abusive = ", ".join(f"{status}: {count}" for status, count in sorted(result["abusive"].items()))
         print(f"| {engine} | {mode} | {result['answered']} | {result['failed']} | "
               f"{result['seconds']:.1f} | {result['answered'] / result['seconds']:.1f} | "
