@@ -201,17 +201,16 @@ def benchmark(args: argparse.Namespace) -> None:
                    "--threads", str(args.threads), "--max-texts", "64", "--engine", engine]
         if mode == "off":
             command.append("--no-micro-batch")
-        server_log = tempfile.TemporaryFile()
-        server = subprocess.Popen(command, stderr=server_log)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_until_up(url, server, server_log)
-            result = asyncio.run(load_with_abuse(url, server.pid, texts, args.requests,
-                                                 args.clients, args.beam, args.abuse))
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-            server_log.close()
+        with tempfile.TemporaryFile() as server_log:
+            server = subprocess.Popen(command, stderr=server_log)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                wait_until_up(url, server, server_log)
+                result = asyncio.run(load_with_abuse(url, server.pid, texts, args.requests,
+                                                     args.clients, args.beam, args.abuse))
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
         abusive = ", ".join(f"{status}: {count}" for status, count in sorted(result["abusive"].items()))
         print(f"| {engine} | {mode} | {result['answered']} | {result['failed']} | "
               f"{result['seconds']:.1f} | {result['answered'] / result['seconds']:.1f} | "
