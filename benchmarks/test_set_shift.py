@@ -1,0 +1,124 @@
+"""How far each Multi30k evaluation set lies from the training text, per language.
+
+    python benchmarks/test_set_shift.py [--data-dir DIR] [--langs de en fr cs]
+                                        [--extra PREFIX ...]
+
+For each language and each set present (``val``, ``test_2016_flickr``, ``test_2017_flickr``,
+``test_2017_mscoco``), compared with ``train`` in that language: the share of the set's
+words never seen in training, the share of its sentences holding at least one, and the
+share of its 4-grams never seen in training. Words and 4-grams are sacreBLEU's 13a tokens,
+cased, as BLEU counts them. Unseen words are what no model of the training text can spell
+from memory; unseen 4-grams measure phrasing: BLEU rewards a reference's n-grams, and a
+model trained on one collection's captions reproduces that collection's turns of phrase.
+``--extra`` adds more text to the training side: ``PREFIX.LANG`` (or ``.gz``) in each
+language that has one (task 2's captions, ``DIR/train.1`` ... ``DIR/train.5``, say).
+Prints a Markdown table; a set without a file for a language is named and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+SETS = ("val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+ORDER = 4
+
+
+@dataclass
+class Shift:
+    """A set's distance from the training text of one language (percentages)."""
+    words: int
+    unseen_words: float
+    sentences_with_unseen_word: float
+    unseen_ngrams: float
+
+
+def ngrams(tokens: list[str], order: int = ORDER) -> list[tuple[str, ...]]:
+    return [tuple(tokens[i:i + order]) for i in range(len(tokens) - order + 1)]
+
+
+def shift(training: list[list[str]], evaluation: list[list[str]]) -> Shift:
+    """How many of ``evaluation``'s tokens, sentences (one unseen word or more) and 4-grams
+    ``training`` lacks; both are lists of token lists."""
+    vocabulary = {token for sentence in training for token in sentence}
+    known_ngrams = {gram for sentence in training for gram in ngrams(sentence)}
+    tokens = [token for sentence in evaluation for token in sentence]
+    grams = [gram for sentence in evaluation for gram in ngrams(sentence)]
+    percent = lambda part, whole: round(100 * part / max(whole, 1), 1)
+    return Shift(words=len(tokens),
+                 unseen_words=percent(sum(t not in vocabulary for t in tokens), len(tokens)),
+                 sentences_with_unseen_word=percent(
+                     sum(any(t not in vocabulary for t in s) for s in evaluation), len(evaluation)),
+                 unseen_ngrams=percent(sum(g not in known_ngrams for g in grams), len(grams)))
+
+
+def tokenized(data_dir: Path, split: str, lang: str) -> list[list[str]] | None:
+    """The split's lines in ``lang`` as 13a tokens, or None when the file is absent."""
+    from attnmt.data.corpus import find_language_file, read_lines
+    from attnmt.errors import UserError
+
+    try:
+        path = find_language_file(data_dir / split, lang)
+    except UserError:
+        return None
+    tokenize = Tokenizer13a()
+    return [tokenize(line).split() for line in read_lines(path)]
+
+
+def training_text(data_dir: Path, lang: str, extra: list[str]) -> list[list[str]] | None:
+    """``train`` in ``lang`` and each ``extra`` prefix's file in it, tokenized; None
+    without ``train``."""
+    training = tokenized(data_dir, "train", lang)
+    if training is None:
+        return None
+    for prefix in extra:
+        more = tokenized(Path(prefix).parent, Path(prefix).name, lang)
+        if more is not None:
+            print(f"test_set_shift.py: {lang}: {prefix} adds {len(more):,} lines", file=sys.stderr)
+            training += more
+    return training
+
+
+def table(data_dir: Path, langs: list[str], extra: list[str] = ()) -> list[str]:
+    """Markdown rows, one per language and set present."""
+    rows = ["| language | set | words | unseen words, % | sentences with an unseen word, % "
+            f"| unseen {ORDER}-grams, % |", "| --- | --- | --- | --- | --- | --- |"]
+    for lang in langs:
+        training = training_text(data_dir, lang, extra)
+        if training is None:
+            print(f"test_set_shift.py: no train.{lang} in {data_dir}; {lang} is skipped", file=sys.stderr)
+            continue
+        for split in SETS:
+            evaluation = tokenized(data_dir, split, lang)
+            if evaluation is None:
+                print(f"test_set_shift.py: no {split}.{lang} in {data_dir}; skipped", file=sys.stderr)
+                continue
+            figures = shift(training, evaluation)
+            rows.append(f"| {lang} | {split} | {figures.words:,} | {figures.unseen_words} "
+                        f"| {figures.sentences_with_unseen_word} | {figures.unseen_ngrams} |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default=os.environ.get("ATTNMT_DATA", "data/multi30k"),
+                        help="the Multi30k folder (default: $ATTNMT_DATA)")
+    parser.add_argument("--langs", nargs="+", default=["de", "en", "fr", "cs"])
+    parser.add_argument("--extra", nargs="+", default=[], metavar="PREFIX",
+                        help="more training text: PREFIX.LANG in each language that has one")
+    args = parser.parse_args()
+    from attnmt.errors import UserError
+
+    try:
+        print("\n".join(table(Path(args.data_dir), args.langs, args.extra)))
+    except UserError as error:
+        sys.exit(f"test_set_shift.py: {error}")
+
+
+if __name__ == "__main__":
+    main()
