@@ -5,10 +5,10 @@
 
 For each language and each set present (``val``, ``test_2016_flickr``, ``test_2017_flickr``,
 ``test_2017_mscoco``), compared with ``train`` in that language: the share of the set's
-words never seen in training, the share of its sentences holding at least one, and the
-share of its 4-grams never seen in training. Words and 4-grams are sacreBLEU's 13a tokens,
-cased, as BLEU counts them. Unseen words are what no model of the training text can spell
-from memory; unseen 4-grams measure phrasing: BLEU rewards a reference's n-grams, and a
+tokens never seen in training, the share of its sentences holding at least one, and the
+share of its 4-grams never seen in training, in sacreBLEU's 13a tokens (words and
+punctuation), cased, as BLEU counts them. Unseen tokens are what no model of the training
+text can spell from memory; unseen 4-grams measure phrasing: BLEU rewards a reference's n-grams, and a
 model trained on one collection's captions reproduces that collection's turns of phrase.
 ``--extra`` adds more text to the training side: ``PREFIX.LANG`` (or ``.gz``) in each
 language that has one (task 2's captions, ``DIR/train.1`` ... ``DIR/train.5``, say).
@@ -43,7 +43,7 @@ def ngrams(tokens: list[str], order: int = ORDER) -> list[tuple[str, ...]]:
 
 
 def shift(training: list[list[str]], evaluation: list[list[str]]) -> Shift:
-    """How many of ``evaluation``'s tokens, sentences (one unseen word or more) and 4-grams
+    """How many of ``evaluation``'s tokens, sentences (one unseen token or more) and 4-grams
     ``training`` lacks; both are lists of token lists."""
     vocabulary = {token for sentence in training for token in sentence}
     known_ngrams = {gram for sentence in training for gram in ngrams(sentence)}
@@ -86,7 +86,7 @@ def training_text(data_dir: Path, lang: str, extra: list[str]) -> list[list[str]
 
 def table(data_dir: Path, langs: list[str], extra: list[str] = ()) -> list[str]:
     """Markdown rows, one per language and set present."""
-    rows = ["| language | set | words | unseen words, % | sentences with an unseen word, % "
+    rows = ["| language | set | tokens | unseen tokens, % | sentences with an unseen token, % "
             f"| unseen {ORDER}-grams, % |", "| --- | --- | --- | --- | --- | --- |"]
     for lang in langs:
         training = training_text(data_dir, lang, extra)

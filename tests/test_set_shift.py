@@ -1,4 +1,4 @@
-"""``benchmarks/test_set_shift.py``: unseen words, sentences and 4-grams of a set against
+"""``benchmarks/test_set_shift.py``: unseen tokens, sentences and 4-grams of a set against
 the training text."""
 
 import gzip
