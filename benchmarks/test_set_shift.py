@@ -32,9 +32,9 @@ ORDER = 4
 @dataclass
 class Shift:
     """A set's distance from the training text of one language (percentages)."""
-    words: int
-    unseen_words: float
-    sentences_with_unseen_word: float
+    tokens: int
+    unseen_tokens: float
+    sentences_with_unseen_token: float
     unseen_ngrams: float
 
 
@@ -50,9 +50,9 @@ def shift(training: list[list[str]], evaluation: list[list[str]]) -> Shift:
     tokens = [token for sentence in evaluation for token in sentence]
     grams = [gram for sentence in evaluation for gram in ngrams(sentence)]
     percent = lambda part, whole: round(100 * part / max(whole, 1), 1)
-    return Shift(words=len(tokens),
-                 unseen_words=percent(sum(t not in vocabulary for t in tokens), len(tokens)),
-                 sentences_with_unseen_word=percent(
+    return Shift(tokens=len(tokens),
+                 unseen_tokens=percent(sum(t not in vocabulary for t in tokens), len(tokens)),
+                 sentences_with_unseen_token=percent(
                      sum(any(t not in vocabulary for t in s) for s in evaluation), len(evaluation)),
                  unseen_ngrams=percent(sum(g not in known_ngrams for g in grams), len(grams)))
 
@@ -99,8 +99,8 @@ def table(data_dir: Path, langs: list[str], extra: list[str] = ()) -> list[str]:
                 print(f"test_set_shift.py: no {split}.{lang} in {data_dir}; skipped", file=sys.stderr)
                 continue
             figures = shift(training, evaluation)
-            rows.append(f"| {lang} | {split} | {figures.words:,} | {figures.unseen_words} "
-                        f"| {figures.sentences_with_unseen_word} | {figures.unseen_ngrams} |")
+            rows.append(f"| {lang} | {split} | {figures.tokens:,} | {figures.unseen_tokens} "
+                        f"| {figures.sentences_with_unseen_token} | {figures.unseen_ngrams} |")
     return rows
 
 

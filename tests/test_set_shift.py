@@ -11,13 +11,13 @@ test_set_shift = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(test_set_shift)
 
 
-def test_shift_counts_unseen_words_sentences_and_four_grams():
+def test_shift_counts_unseen_tokens_sentences_and_four_grams():
     training = [["a", "dog", "runs", "on", "grass"]]
     evaluation = [["a", "dog", "runs", "on"], ["a", "cat", "runs", "on"]]
     figures = test_set_shift.shift(training, evaluation)
-    assert figures.words == 8
-    assert figures.unseen_words == 12.5                # "cat", one of eight
-    assert figures.sentences_with_unseen_word == 50.0
+    assert figures.tokens == 8
+    assert figures.unseen_tokens == 12.5                # "cat", one of eight
+    assert figures.sentences_with_unseen_token == 50.0
     assert figures.unseen_ngrams == 50.0               # "a cat runs on"; "a dog runs on" is known
 
 
