@@ -25,6 +25,9 @@ from pathlib import Path
 
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
+from attnmt.data.corpus import find_language_file, read_lines
+from attnmt.errors import UserError
+
 SETS = ("val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 ORDER = 4
 
@@ -42,11 +45,16 @@ def ngrams(tokens: list[str], order: int = ORDER) -> list[tuple[str, ...]]:
     return [tuple(tokens[i:i + order]) for i in range(len(tokens) - order + 1)]
 
 
-def shift(training: list[list[str]], evaluation: list[list[str]]) -> Shift:
+def known(training: list[list[str]]) -> tuple[set[str], set[tuple[str, ...]]]:
+    """The tokens and 4-grams of the training text (a list of token lists)."""
+    return ({token for sentence in training for token in sentence},
+            {gram for sentence in training for gram in ngrams(sentence)})
+
+
+def shift(vocabulary: set[str], known_ngrams: set[tuple[str, ...]],
+          evaluation: list[list[str]]) -> Shift:
     """How many of ``evaluation``'s tokens, sentences (one unseen token or more) and 4-grams
-    ``training`` lacks; both are lists of token lists."""
-    vocabulary = {token for sentence in training for token in sentence}
-    known_ngrams = {gram for sentence in training for gram in ngrams(sentence)}
+    the training text (its :func:`known` tokens and 4-grams) lacks."""
     tokens = [token for sentence in evaluation for token in sentence]
     grams = [gram for sentence in evaluation for gram in ngrams(sentence)]
     percent = lambda part, whole: round(100 * part / max(whole, 1), 1)
@@ -59,9 +67,6 @@ def shift(training: list[list[str]], evaluation: list[list[str]]) -> Shift:
 
 def tokenized(data_dir: Path, split: str, lang: str) -> list[list[str]] | None:
     """The split's lines in ``lang`` as 13a tokens, or None when the file is absent."""
-    from attnmt.data.corpus import find_language_file, read_lines
-    from attnmt.errors import UserError
-
     try:
         path = find_language_file(data_dir / split, lang)
     except UserError:
@@ -78,9 +83,11 @@ def training_text(data_dir: Path, lang: str, extra: list[str]) -> list[list[str]
         return None
     for prefix in extra:
         more = tokenized(Path(prefix).parent, Path(prefix).name, lang)
-        if more is not None:
-            print(f"test_set_shift.py: {lang}: {prefix} adds {len(more):,} lines", file=sys.stderr)
-            training += more
+        if more is None:
+            print(f"test_set_shift.py: {lang}: no {prefix}.{lang}; nothing added", file=sys.stderr)
+            continue
+        print(f"test_set_shift.py: {lang}: {prefix} adds {len(more):,} lines", file=sys.stderr)
+        training += more
     return training
 
 
@@ -88,19 +95,24 @@ def table(data_dir: Path, langs: list[str], extra: list[str] = ()) -> list[str]:
     """Markdown rows, one per language and set present."""
     rows = ["| language | set | tokens | unseen tokens, % | sentences with an unseen token, % "
             f"| unseen {ORDER}-grams, % |", "| --- | --- | --- | --- | --- | --- |"]
+    languages_with_training_text = 0
     for lang in langs:
         training = training_text(data_dir, lang, extra)
         if training is None:
             print(f"test_set_shift.py: no train.{lang} in {data_dir}; {lang} is skipped", file=sys.stderr)
             continue
+        languages_with_training_text += 1
+        vocabulary, known_ngrams = known(training)
         for split in SETS:
             evaluation = tokenized(data_dir, split, lang)
             if evaluation is None:
                 print(f"test_set_shift.py: no {split}.{lang} in {data_dir}; skipped", file=sys.stderr)
                 continue
-            figures = shift(training, evaluation)
+            figures = shift(vocabulary, known_ngrams, evaluation)
             rows.append(f"| {lang} | {split} | {figures.tokens:,} | {figures.unseen_tokens} "
                         f"| {figures.sentences_with_unseen_token} | {figures.unseen_ngrams} |")
+    if not languages_with_training_text:
+        raise UserError(f"no training text in {data_dir} for {', '.join(langs)} (train.LANG or train.LANG.gz)")
     return rows
 
 
@@ -112,8 +124,6 @@ def main() -> None:
     parser.add_argument("--extra", nargs="+", default=[], metavar="PREFIX",
                         help="more training text: PREFIX.LANG in each language that has one")
     args = parser.parse_args()
-    from attnmt.errors import UserError
-
     try:
         print("\n".join(table(Path(args.data_dir), args.langs, args.extra)))
     except UserError as error:

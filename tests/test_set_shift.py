@@ -5,6 +5,10 @@ import gzip
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+from attnmt.errors import UserError
+
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("test_set_shift", ROOT / "benchmarks" / "test_set_shift.py")
 test_set_shift = importlib.util.module_from_spec(spec)
@@ -14,7 +18,7 @@ spec.loader.exec_module(test_set_shift)
 def test_shift_counts_unseen_tokens_sentences_and_four_grams():
     training = [["a", "dog", "runs", "on", "grass"]]
     evaluation = [["a", "dog", "runs", "on"], ["a", "cat", "runs", "on"]]
-    figures = test_set_shift.shift(training, evaluation)
+    figures = test_set_shift.shift(*test_set_shift.known(training), evaluation)
     assert figures.tokens == 8
     assert figures.unseen_tokens == 12.5                # "cat", one of eight
     assert figures.sentences_with_unseen_token == 50.0
@@ -46,4 +50,14 @@ def test_extra_text_joins_the_training_side_in_its_languages(tmp_path, capsys):
     joined = test_set_shift.table(tmp_path, ["en"], [str(tmp_path / "more" / "captions")])
     assert alone[2] == "| en | test_2016_flickr | 4 | 25.0 | 100.0 | 100.0 |"
     assert joined[2] == "| en | test_2016_flickr | 4 | 0.0 | 0.0 | 100.0 |"
-    assert "captions adds 1 lines" in capsys.readouterr().err
+    errors = capsys.readouterr().err
+    assert "captions adds 1 lines" in errors
+    assert "no " + str(tmp_path / "more" / "captions") + ".en" not in errors
+
+
+def test_a_prefix_absent_in_a_language_and_a_folder_without_training_text_are_named(tmp_path, capsys):
+    (tmp_path / "train.en").write_text("Two men sit.\n")
+    test_set_shift.table(tmp_path, ["en"], [str(tmp_path / "typo")])
+    assert f"en: no {tmp_path / 'typo'}.en; nothing added" in capsys.readouterr().err
+    with pytest.raises(UserError, match="no training text in .* for de, fr"):
+        test_set_shift.table(tmp_path, ["de", "fr"])
