@@ -8,6 +8,7 @@ train, valid and test splits are disjoint and the same on every machine.
 
 from __future__ import annotations
 
+import functools
 import random
 
 from num2words import CONVERTER_CLASSES, num2words
@@ -39,5 +40,12 @@ def numbers_corpus(split: str, src_lang: str, tgt_lang: str, maximum: int,
             raise UserError(f"numbers dataset: num2words has no language {lang!r}; it has "
                             f"{', '.join(sorted(CONVERTER_CLASSES))}")
     integers = split_integers(maximum, sizes, seed)[split]
-    return ParallelCorpus([num2words(n, lang=src_lang) for n in integers],
-                          [num2words(n, lang=tgt_lang) for n in integers], f"numbers/{split}")
+    return ParallelCorpus([number_words(n, src_lang) for n in integers],
+                          [number_words(n, tgt_lang) for n in integers], f"numbers/{split}")
+
+
+@functools.cache
+def number_words(integer: int, lang: str) -> str:
+    """``num2words`` is slow (about 0.1 ms a word), and a process that trains several models
+    on the dataset, as the tutorial does, would spell the same integers again each time."""
+    return num2words(integer, lang=lang)

@@ -30,10 +30,7 @@ def pad(sequences: list[list[int]], prefix: list[int] = (), suffix: list[int] = 
     the longest row rounded up to a multiple of ``multiple``."""
     rows = [list(prefix) + list(sequence) + list(suffix) for sequence in sequences]
     width = -(-max(len(row) for row in rows) // multiple) * multiple
-    out = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
+    return torch.tensor([row + [PAD_ID] * (width - len(row)) for row in rows], dtype=torch.long)
 
 
 def source_tensor(sources: list[list[int]], pad_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
