@@ -9,13 +9,14 @@ Render the outputs after changing the notebooks or the code they show:
 
 Cells tagged ``trained`` show results of training (they vary with the machine) and are
 only required to run; every other cell's text output must equal the committed one
-(numbers to 2e-3, so another CPU's last bits do not matter).
+(numbers to 2e-3, so another CPU's last bits do not matter). Their 5-minute target is
+measured by ``benchmarks/tutorial_time.py``, not here: a test's clock would measure the
+machine CI happens to get.
 """
 
 import io
 import re
 import sys
-import time
 import tokenize
 from pathlib import Path
 
@@ -121,10 +122,8 @@ def test_the_korean_glossary_gives_every_term_of_the_notes():
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.name)
 def test_tutorial_runs_and_its_outputs_are_current(notebook):
-    start = time.perf_counter()
     committed = nbformat.read(notebook, as_version=4)
     fresh = execute(nbformat.read(notebook, as_version=4))
-    assert time.perf_counter() - start < 300, "the tutorial must run within 5 minutes"
     errors = [output for cell in fresh.cells for output in cell.get("outputs", [])
               if output.get("output_type") == "error"]
     assert not errors, errors
