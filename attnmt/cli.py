@@ -121,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="translate test sets and score them",
                                    description="sacreBLEU BLEU (with signature), chrF and TER, "
                                                "of one test set (--src, --ref) or several "
-                                               "(--test PREFIX ...).")
-    add_decoding_options(evaluate, ensemble=True)
+                                               "(--test PREFIX ...), with one length penalty "
+                                               "or several (--alpha A ...).")
+    add_decoding_options(evaluate, ensemble=True, several_alphas=True)
     evaluate.add_argument("--src", help="source file (.gz read too)")
     evaluate.add_argument("--ref", help="reference file (.gz read too)")
     evaluate.add_argument("--test", nargs="+", metavar="PREFIX",
@@ -230,7 +231,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                         help="override a config value, e.g. --set train.max_steps=1000")
 
 
-def add_decoding_options(parser: argparse.ArgumentParser, ensemble: bool = False) -> None:
+def add_decoding_options(parser: argparse.ArgumentParser, ensemble: bool = False,
+                         several_alphas: bool = False) -> None:
     if ensemble:
         parser.add_argument("run", nargs="+", metavar="RUN",
                             help="run directory made by 'attnmt train' or folder made by 'attnmt "
@@ -239,7 +241,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, ensemble: bool = False
         parser.add_argument("run", help="run directory made by 'attnmt train' or folder made by "
                                         "'attnmt export'")
     parser.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the run's decode.beam)")
-    parser.add_argument("--alpha", type=float, help="length penalty exponent (0 = none)")
+    if several_alphas:
+        parser.add_argument("--alpha", type=float, nargs="+",
+                            help="length penalty exponent (0 = none; default: the run's "
+                                 "decode.alpha); several: each scored, to choose one on val")
+    else:
+        parser.add_argument("--alpha", type=float, help="length penalty exponent (0 = none)")
     parser.add_argument("--batch-tokens", type=int, help="source tokens per batch")
     parser.add_argument("--checkpoint", default="best",
                         help="best (default), last, or a .safetensors file of this run's model")
@@ -569,8 +576,12 @@ def run_evaluate(args) -> int:
     if bool(args.test) == bool(args.src or args.ref) or bool(args.src) != bool(args.ref):
         raise UserError("give --src FILE and --ref FILE (one test set) or --test PREFIX ... "
                         "(several), not both")
-    if args.test and args.hyp and len(args.test) > 1:
-        raise UserError("--hyp writes one file: give one --test set with it")
+    alphas = args.alpha or [None]
+    if args.hyp and (len(args.test or [0]) > 1 or len(alphas) > 1):
+        raise UserError("--hyp writes one file: give one test set and one --alpha with it")
+    negative = [alpha for alpha in alphas if alpha is not None and alpha < 0]
+    if negative:
+        raise UserError(f"--alpha must be >= 0, got {negative[0]}")
     translator = load_translator(args)
     data = translator.config.data
     target = args.target_lang or data.tgt_lang
@@ -583,25 +594,40 @@ def run_evaluate(args) -> int:
         if len(sources) != len(references):
             raise UserError(f"line counts differ: {source_file} has {len(sources)} lines, "
                             f"{reference_file} has {len(references)}")
-        hypotheses = [t.best.text for t in translator.translate(
-            sources, args.beam, 1, args.alpha, args.batch_tokens, target_lang=args.target_lang)]
-        if args.hyp:
-            Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        scores = score_corpus(hypotheses, references, args.lowercase)
-        if args.test:
-            print(f"{source_file}:")
-        print(scores.summary())
-        if args.by_length:
-            print("\nsource words | sentences | BLEU")
-            for bucket, count, bleu in bleu_by_length(hypotheses, references,
-                                                      [len(s.split()) for s in sources]):
-                print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
-        rows.append((Path(str(source_file)).name.split(".")[0], len(sources), scores))
-    if args.test:
+        name = Path(str(source_file)).name.split(".")[0]
+        for alpha in alphas:
+            hypotheses = [t.best.text for t in translator.translate(
+                sources, args.beam, 1, alpha, args.batch_tokens, target_lang=args.target_lang)]
+            if args.hyp:
+                Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+            scores = score_corpus(hypotheses, references, args.lowercase)
+            if args.test or len(alphas) > 1:
+                print(f"{source_file}" + (f", alpha {alpha}:" if len(alphas) > 1 else ":"))
+            print(scores.summary())
+            if args.by_length:
+                print("\nsource words | sentences | BLEU")
+                for bucket, count, bleu in bleu_by_length(hypotheses, references,
+                                                          [len(s.split()) for s in sources]):
+                    print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
+            rows.append((name, alpha, len(sources), scores))
+    if len(alphas) > 1:
+        print_alpha_table(rows)
+    elif args.test:
         print("\n| test set | sentences | BLEU | chrF | TER |\n| --- | --- | --- | --- | --- |")
-        for name, count, scores in rows:
+        for name, _, count, scores in rows:
             print(f"| {name} | {count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
     return 0
+
+
+def print_alpha_table(rows: list) -> None:
+    """Each set's scores by length penalty, and the penalty of its highest BLEU (the first
+    given of those tied)."""
+    print("\n| test set | alpha | sentences | BLEU | chrF | TER |\n| --- | --- | --- | --- | --- | --- |")
+    for name, alpha, count, scores in rows:
+        print(f"| {name} | {alpha} | {count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
+    for name in dict.fromkeys(row[0] for row in rows):
+        best = max((row for row in rows if row[0] == name), key=lambda row: row[3].bleu)
+        print(f"highest BLEU on {name}: alpha {best[1]} ({best[3].bleu:.2f})")
 
 
 def run_export(args) -> int:

@@ -99,6 +99,39 @@ def test_cli_evaluate_scores_several_test_sets(tiny_runs, tmp_path):
     assert both.returncode == 1 and b"not both" in both.stderr
 
 
+def test_cli_evaluate_scores_each_length_penalty_as_alone_and_names_the_best(tiny_runs, tmp_path):
+    from attnmt.evaluate import score_corpus
+    from attnmt.translator import Translator
+
+    run = tiny_runs["transformer"]
+    translator = Translator.from_run(run)
+    sources = ["sieben", "zweiundvierzig", "dreihundert", "elf", "acht"]
+    # references that the strong penalty's outputs match, so that it scores higher
+    references = [t.best.text for t in translator.translate(sources, beam=4, alpha=3.0)]
+    (tmp_path / "val.de").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "val.en").write_text("".join(r + "\n" for r in references))
+    result = attnmt("evaluate", str(run), "--threads", "1", "--beam", "4", "--test",
+                    str(tmp_path / "val"), "--alpha", "0", "3")
+    assert result.returncode == 0, result.stderr.decode()
+    output = result.stdout.decode()
+    table = output.split("| test set | alpha |")[1].splitlines()[2:4]
+    expected = {alpha: score_corpus([t.best.text for t in translator.translate(
+        sources, beam=4, alpha=alpha)], references) for alpha in (0.0, 3.0)}
+    assert expected[0.0].bleu < 99 < expected[3.0].bleu
+    assert table == [f"| val | {alpha} | 5 | {scores.bleu:.2f} | {scores.chrf:.2f} | "
+                     f"{scores.ter:.2f} |" for alpha, scores in expected.items()]
+    best = max(expected, key=lambda alpha: expected[alpha].bleu)
+    assert f"highest BLEU on val: alpha {best} ({expected[best].bleu:.2f})" in output
+    one_file = attnmt("evaluate", str(run), "--test", str(tmp_path / "val"), "--alpha", "0", "3",
+                      "--hyp", str(tmp_path / "hyp.txt"))
+    assert one_file.returncode == 1 and not (tmp_path / "hyp.txt").exists()
+    assert one_file.stderr.decode().strip() == \
+        "attnmt: error: --hyp writes one file: give one test set and one --alpha with it"
+    negative = attnmt("evaluate", str(run), "--test", str(tmp_path / "val"), "--alpha", "-1")
+    assert negative.returncode == 1
+    assert negative.stderr.decode().strip() == "attnmt: error: --alpha must be >= 0, got -1.0"
+
+
 def test_cli_refuses_missing_run_and_corrupt_checkpoint(tiny_runs, tmp_path):
     run = tiny_runs["transformer"]
     missing = attnmt("translate", str(tmp_path / "nowhere"), stdin=b"x\n")
