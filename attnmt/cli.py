@@ -579,9 +579,6 @@ def run_evaluate(args) -> int:
     alphas = args.alpha or [None]
     if args.hyp and (len(args.test or [0]) > 1 or len(alphas) > 1):
         raise UserError("--hyp writes one file: give one test set and one --alpha with it")
-    negative = [alpha for alpha in alphas if alpha is not None and alpha < 0]
-    if negative:
-        raise UserError(f"--alpha must be >= 0, got {negative[0]}")
     translator = load_translator(args)
     data = translator.config.data
     target = args.target_lang or data.tgt_lang

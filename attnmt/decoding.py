@@ -63,6 +63,10 @@ class SearchOptions:
     sampling: Sampling | None = None
     max_output: int | None = None           # the model's longest output (EOS included); None: any
 
+    def __post_init__(self):
+        if self.alpha < 0:
+            raise UserError(f"alpha (the length penalty) must be >= 0, got {self.alpha}")
+
     def output_limit(self, source_tokens: int) -> int:
         """See :func:`output_limit`."""
         return output_limit(source_tokens, self.max_len_a, self.max_len_b, self.max_output)

@@ -129,7 +129,8 @@ def test_cli_evaluate_scores_each_length_penalty_as_alone_and_names_the_best(tin
         "attnmt: error: --hyp writes one file: give one test set and one --alpha with it"
     negative = attnmt("evaluate", str(run), "--test", str(tmp_path / "val"), "--alpha", "-1")
     assert negative.returncode == 1
-    assert negative.stderr.decode().strip() == "attnmt: error: --alpha must be >= 0, got -1.0"
+    assert negative.stderr.decode().strip() == \
+        "attnmt: error: alpha (the length penalty) must be >= 0, got -1.0"
 
 
 def test_cli_refuses_missing_run_and_corrupt_checkpoint(tiny_runs, tmp_path):
