@@ -580,6 +580,8 @@ def run_evaluate(args) -> int:
     if args.hyp and (len(args.test or [0]) > 1 or len(alphas) > 1):
         raise UserError("--hyp writes one file: give one test set and one --alpha with it")
     translator = load_translator(args)
+    for alpha in alphas:                             # every penalty refused before any decoding
+        translator.search_options(args.beam, 1, alpha)
     data = translator.config.data
     target = args.target_lang or data.tgt_lang
     files = [(args.src, args.ref)] if args.src else \
@@ -607,21 +609,22 @@ def run_evaluate(args) -> int:
                                                           [len(s.split()) for s in sources]):
                     print(f"{bucket:>12} | {count:>9} | {bleu:.2f}")
             rows.append((name, alpha, len(sources), scores))
-    if len(alphas) > 1:
-        print_alpha_table(rows)
-    elif args.test:
-        print("\n| test set | sentences | BLEU | chrF | TER |\n| --- | --- | --- | --- | --- |")
-        for name, _, count, scores in rows:
-            print(f"| {name} | {count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
+    if args.test or len(alphas) > 1:
+        print_table(rows, with_alpha=len(alphas) > 1)
     return 0
 
 
-def print_alpha_table(rows: list) -> None:
-    """Each set's scores by length penalty, and the penalty of its highest BLEU (the first
-    given of those tied)."""
-    print("\n| test set | alpha | sentences | BLEU | chrF | TER |\n| --- | --- | --- | --- | --- | --- |")
+def print_table(rows: list, with_alpha: bool) -> None:
+    """One row per (set, length penalty); with several penalties an alpha column, and each
+    set's penalty of highest BLEU (the first given of those tied)."""
+    alpha_column = ("alpha | ", "--- | ") if with_alpha else ("", "")
+    print(f"\n| test set | {alpha_column[0]}sentences | BLEU | chrF | TER |\n"
+          f"| --- | {alpha_column[1]}--- | --- | --- | --- |")
     for name, alpha, count, scores in rows:
-        print(f"| {name} | {alpha} | {count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
+        alpha_cell = f"{alpha} | " if with_alpha else ""
+        print(f"| {name} | {alpha_cell}{count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
+    if not with_alpha:
+        return
     for name in dict.fromkeys(row[0] for row in rows):
         best = max((row for row in rows if row[0] == name), key=lambda row: row[3].bleu)
         print(f"highest BLEU on {name}: alpha {best[1]} ({best[3].bleu:.2f})")

@@ -127,8 +127,8 @@ def test_cli_evaluate_scores_each_length_penalty_as_alone_and_names_the_best(tin
     assert one_file.returncode == 1 and not (tmp_path / "hyp.txt").exists()
     assert one_file.stderr.decode().strip() == \
         "attnmt: error: --hyp writes one file: give one test set and one --alpha with it"
-    negative = attnmt("evaluate", str(run), "--test", str(tmp_path / "val"), "--alpha", "-1")
-    assert negative.returncode == 1
+    negative = attnmt("evaluate", str(run), "--test", str(tmp_path / "val"), "--alpha", "0", "-1")
+    assert negative.returncode == 1 and not negative.stdout      # refused before decoding
     assert negative.stderr.decode().strip() == \
         "attnmt: error: alpha (the length penalty) must be >= 0, got -1.0"
 
