@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="test sets as prefixes of their two language files (the run's "
                                "languages, .gz read too), e.g. DATA/test_2016_flickr "
                                "DATA/test_2017_flickr: each scored, then a table of all")
+    evaluate.add_argument("--write-alpha", action="store_true",
+                          help="with one run, one set (choose on val) and --alpha A [A ...]: write "
+                               "the one of highest BLEU as decode.alpha in the run's config.yaml, "
+                               "the default of every later command (chosen with the engine that "
+                               "evaluates: an export's CTranslate2 penalty differs)")
     evaluate.add_argument("--lowercase", action="store_true",
                           help="case-insensitive scores, to compare with older lowercased figures")
     evaluate.add_argument("--by-length", action="store_true",
@@ -579,6 +584,10 @@ def run_evaluate(args) -> int:
     alphas = args.alpha or [None]
     if args.hyp and (len(args.test or [0]) > 1 or len(alphas) > 1):
         raise UserError("--hyp writes one file: give one test set and one --alpha with it")
+    if args.write_alpha and (len(args.run) > 1 or len(args.test or [0]) > 1 or not args.alpha):
+        raise UserError("--write-alpha writes one run's decode.alpha, chosen on one set: give "
+                        "one run, one test set (val) and the penalties to choose from "
+                        "(--alpha A [A ...])")
     translator = load_translator(args)
     for alpha in alphas:                             # every penalty refused before any decoding
         translator.search_options(args.beam, 1, alpha)
@@ -611,7 +620,25 @@ def run_evaluate(args) -> int:
             rows.append((name, alpha, len(sources), scores))
     if args.test or len(alphas) > 1:
         print_table(rows, with_alpha=len(alphas) > 1)
+    if args.write_alpha:
+        write_alpha(Path(args.run[0]), highest_bleu(rows, rows[0][0])[1])
     return 0
+
+
+def write_alpha(run: Path, alpha: float) -> None:
+    """``decode.alpha`` of the run (or export) at ``run`` set to ``alpha``, nothing else changed."""
+    from dataclasses import replace
+
+    from attnmt.config import load_config, save_config
+
+    config = load_config(run / "config.yaml")
+    save_config(replace(config, decode=replace(config.decode, alpha=alpha)), run / "config.yaml")
+    print(f"decode.alpha {alpha} written to {run / 'config.yaml'}")
+
+
+def highest_bleu(rows: list, name: str) -> tuple:
+    """The row of set ``name`` with the highest BLEU (the first given of those tied)."""
+    return max((row for row in rows if row[0] == name), key=lambda row: row[3].bleu)
 
 
 def print_table(rows: list, with_alpha: bool) -> None:
@@ -626,7 +653,7 @@ def print_table(rows: list, with_alpha: bool) -> None:
     if not with_alpha:
         return
     for name in dict.fromkeys(row[0] for row in rows):
-        best = max((row for row in rows if row[0] == name), key=lambda row: row[3].bleu)
+        best = highest_bleu(rows, name)
         print(f"highest BLEU on {name}: alpha {best[1]} ({best[3].bleu:.2f})")
 
 

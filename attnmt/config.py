@@ -394,4 +394,8 @@ def load_config(path, overrides=()) -> Config:
 
 
 def save_config(config: Config, path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    """Write ``config`` as YAML, atomically: a reader sees the old file or the new one."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.partial")
+    temporary.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+    temporary.replace(path)

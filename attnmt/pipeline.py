@@ -9,14 +9,17 @@ A recipe names its steps, each one attnmt command with its options::
       back: {synthesize: [reverse], input: mono.en}
       teacher: {train: configs/numbers_de_en.yaml, set: ["data.synthetic=[@back]"]}
       fast: {export: teacher}
-      score: {evaluate: [teacher], test: [data/test]}
+      penalty: {evaluate: [fast], test: [data/val], alpha: [0.6, 1, 1.5], write_alpha: true}
+      score: {evaluate: [fast], test: [data/test]}
 
 ``@name`` in a value (and the run names of ``synthesize``, ``export`` and ``evaluate``)
 stands for that step's output: a train step's run directory, a synthesize step's pairs
 (``WORK/NAME/pairs``, a prefix), a clean step's corpus (``WORK/NAME/clean``), an export's
-folder. The references order the steps; a step runs after those it names. A relative path
-that exists beside the recipe (a config, a text, a setting's value) is read from there;
-inside a list (``data.synthetic=[...]``) give references or paths as written.
+folder. The references order the steps: a step runs after those it names, otherwise in
+the order written (``penalty`` writes the export's length penalty before ``score`` reads
+it). A relative path that exists beside the recipe (a config, a text, a setting's value)
+is read from there; inside a list (``data.synthetic=[...]``) give references or paths as
+written.
 ``$VARIABLES`` are expanded (``$ATTNMT_DATA/test_2016_flickr``).
 
 Each step runs as its own ``attnmt`` process, its output in ``WORK/NAME.log``. A step that
@@ -54,7 +57,8 @@ OPTIONS = {   # what each action accepts besides its own key, and the command-li
     "clean": {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "max_ratio": "--max-ratio",
               "min_words": "--min-words", "max_words": "--max-words", "langid": "--langid"},
     "export": {"quantization": "--quantization"},
-    "evaluate": {"test": "--test", "beam": "--beam", "engine": "--engine"},
+    "evaluate": {"test": "--test", "beam": "--beam", "engine": "--engine", "alpha": "--alpha",
+                 "write_alpha": "--write-alpha"},
 }
 TRY_MINUTES = "[pipeline] minutes of this try: "   # the log's line after each try
 REFERENCE = re.compile(r"@([A-Za-z0-9_-]+)")
@@ -267,9 +271,14 @@ class Pipeline:
             return None
         printed = "\n".join(_output_lines(log)).rsplit("$ attnmt ", 1)[-1].split("\n", 1)[-1]
         output(step, self.work).write_text(printed, encoding="utf-8")
-        rows = [line.split("|") for line in printed.splitlines()
-                if line.startswith("| ") and not line.startswith(("| test set", "| ---"))]
-        return ", ".join(f"{row[1].strip()} {row[3].strip()}" for row in rows) or None
+        table = [[cell.strip() for cell in line.split("|")] for line in printed.splitlines()
+                 if line.startswith("| ") and not line.startswith("| ---")]
+        if not table:
+            return None
+        columns = table[0]                  # test set | [alpha |] sentences | BLEU | chrF | TER
+        cells = [dict(zip(columns, row)) for row in table[1:]]
+        return ", ".join(row["test set"] + (f" alpha {row['alpha']}" if "alpha" in row else "")
+                         + f" {row['BLEU']}" for row in cells)
 
 
 def _output_lines(log: Path) -> list[str]:

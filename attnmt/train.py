@@ -421,6 +421,7 @@ class Trainer:
             self.resume()
             if self.cluster.is_main:
                 say(f"resuming {self.run.path} at step {self.progress.step}")
+                say_replaced_decoding(load_config(self.run.config), self.config)
                 save_config(self.config, self.run.config)   # only now: a refused resume changes nothing
         stream = self.batch_stream()
         bar = tqdm(initial=self.progress.step, total=self.train_config.max_steps or None,
@@ -566,6 +567,16 @@ def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, con
         for index, hypothesis in zip(indices, results):
             hypotheses[index] = target_tokenizer.decode(hypothesis.tokens)
     return corpus_bleu(hypotheses, split.corpus.target)
+
+
+def say_replaced_decoding(saved: Config, resumed: Config) -> None:
+    """A resumed run's ``config.yaml`` becomes the training's: name the decoding settings it
+    replaces (a length penalty chosen with ``evaluate --write-alpha``, say)."""
+    before, now = asdict(saved.decode), asdict(resumed.decode)
+    changed = [f"decode.{key} {before[key]!r} -> {now[key]!r}" for key in before
+               if before[key] != now[key]]
+    if changed:
+        say(f"the run's decoding settings are replaced by this config's: {', '.join(changed)}")
 
 
 def train(config_path: str | Path, run_dir: str | Path | None = None, overrides=()) -> Path:

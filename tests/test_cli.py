@@ -1,7 +1,10 @@
 """The ``attnmt`` command as a user runs it: a subprocess, its output, its exit status."""
 
+import shutil
 import subprocess
 import sys
+
+import yaml
 
 from attnmt.cli import build_parser
 
@@ -131,6 +134,39 @@ def test_cli_evaluate_scores_each_length_penalty_as_alone_and_names_the_best(tin
     assert negative.returncode == 1 and not negative.stdout      # refused before decoding
     assert negative.stderr.decode().strip() == \
         "attnmt: error: alpha (the length penalty) must be >= 0, got -1.0"
+
+
+def test_cli_evaluate_writes_the_penalty_of_highest_bleu_as_the_runs_default(tiny_runs, tmp_path):
+    from attnmt.translator import Translator
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs["transformer"], run)
+    sources = ["sieben", "zweiundvierzig", "dreihundert", "elf", "acht"]
+    translator = Translator.from_run(run)
+    strong = [t.best.text for t in translator.translate(sources, beam=4, alpha=3.0)]
+    assert [t.best.text for t in translator.translate(sources, beam=4)] != strong   # the default
+    (tmp_path / "val.de").write_text("".join(s + "\n" for s in sources))
+    (tmp_path / "val.en").write_text("".join(r + "\n" for r in strong))
+    before = yaml.safe_load((run / "config.yaml").read_text())
+    val = tmp_path / "val"
+    for refused in ([run, run, "--test", val, "--alpha", "0", "3"],      # an ensemble
+                    [run, "--test", val, val, "--alpha", "0", "3"],      # two sets
+                    [run, "--test", val]):                               # nothing to choose
+        result = attnmt("evaluate", *map(str, refused), "--write-alpha")
+        assert result.returncode == 1 and not result.stdout, refused
+        assert result.stderr.decode().startswith("attnmt: error: --write-alpha writes one run's ")
+    assert yaml.safe_load((run / "config.yaml").read_text()) == before
+
+    chosen = attnmt("evaluate", str(run), "--threads", "1", "--beam", "4", "--test",
+                    str(val), "--alpha", "0", "3", "--write-alpha")
+    assert chosen.returncode == 0, chosen.stderr.decode()
+    assert chosen.stdout.decode().splitlines()[-1] == f"decode.alpha 3.0 written to {run / 'config.yaml'}"
+    after = yaml.safe_load((run / "config.yaml").read_text())
+    assert after["decode"]["alpha"] == 3.0 != before["decode"]["alpha"]
+    assert {**after, "decode": {**after["decode"], "alpha": before["decode"]["alpha"]}} == before
+    default = attnmt("translate", str(run), "--threads", "1", "--beam", "4",
+                     stdin="".join(s + "\n" for s in sources).encode())
+    assert default.stdout.decode().splitlines() == strong          # later commands decode with it
 
 
 def test_cli_refuses_missing_run_and_corrupt_checkpoint(tiny_runs, tmp_path):

@@ -1,6 +1,7 @@
 """attnmt pipeline: a recipe's steps in order, skipped when done, resumed when killed."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,34 @@ steps:
                              "are kept\n")
     assert json.loads((work / "pipeline.json").read_text()).keys() == {"model"}
     assert (work / "model" / "best.safetensors").is_file()
+
+
+def test_a_penalty_step_writes_the_alpha_that_the_steps_written_after_it_decode_with(
+        recipe_folder, tiny_runs):
+    """An evaluate step with several penalties and write_alpha, on val, chooses the run's
+    length penalty; its record names each penalty's BLEU, and the step written after it
+    (naming neither) runs after it, decoding with the chosen one."""
+    from attnmt.evaluate import score_corpus
+    from attnmt.translator import Translator
+
+    shutil.copytree(tiny_runs["transformer"], recipe_folder / "model")
+    translator = Translator.from_run(recipe_folder / "model")
+    sources = ["sieben", "zweiundvierzig", "dreihundert", "elf", "acht"]
+    strong = [t.best.text for t in translator.translate(sources, beam=4, alpha=3.0)]
+    (recipe_folder / "val.de").write_text("".join(s + "\n" for s in sources))
+    (recipe_folder / "val.en").write_text("".join(r + "\n" for r in strong))
+    bleu = {alpha: score_corpus([t.best.text for t in translator.translate(
+        sources, beam=4, alpha=alpha)], strong).bleu for alpha in (0.0, 3.0)}
+    (recipe_folder / "choose.yaml").write_text("""
+steps:
+  penalty: {evaluate: [./model], test: [val], beam: 4, alpha: [0, 3], write_alpha: true}
+  score: {evaluate: [./model], test: [val], beam: 4}
+""")
+    result = pipeline(recipe_folder / "choose.yaml", "--work", recipe_folder / "work")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((recipe_folder / "work" / "pipeline.json").read_text())
+    assert record["penalty"]["test_bleu"] == f"val alpha 0.0 {bleu[0.0]:.2f}, val alpha 3.0 {bleu[3.0]:.2f}"
+    assert record["score"]["test_bleu"] == f"val {bleu[3.0]:.2f}" != f"val {bleu[0.0]:.2f}"
 
 
 def test_a_step_records_the_minutes_of_every_try(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from attnmt.checkpoint import load_weights, save_weights
@@ -319,6 +320,22 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1 and "different 'model' section: model.d_model (" in stderr
     assert "64 now" in stderr and "Traceback" not in stderr
+
+
+def test_resuming_names_the_decoding_settings_its_config_replaces(tiny_config, tmp_path):
+    """A penalty chosen after training (evaluate --write-alpha) is not lost in silence
+    when the run is trained further with its config."""
+    from attnmt.cli import write_alpha
+
+    run = tmp_path / "run"
+    first = attnmt("train", str(tiny_config), "--run", str(run), "--set", "train.max_steps=1")
+    assert first.wait(timeout=120) == 0
+    write_alpha(run, 1.5)
+    again = attnmt("train", str(tiny_config), "--run", str(run), "--set", "train.max_steps=2")
+    _, stderr = again.communicate(timeout=120)
+    assert again.returncode == 0
+    assert "the run's decoding settings are replaced by this config's: decode.alpha 1.5 -> 0.6" in stderr
+    assert yaml.safe_load((run / "config.yaml").read_text())["decode"]["alpha"] == 0.6
 
 
 @pytest.mark.parametrize("amx", [True, False])
