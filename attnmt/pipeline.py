@@ -62,6 +62,7 @@ OPTIONS = {   # what each action accepts besides its own key, and the command-li
 }
 TRY_MINUTES = "[pipeline] minutes of this try: "   # the log's line after each try
 REFERENCE = re.compile(r"@([A-Za-z0-9_-]+)")
+WRITTEN_ALPHA = re.compile(r"^decode\.alpha (\S+) written to ", re.M)   # evaluate --write-alpha
 
 
 @dataclass
@@ -277,8 +278,10 @@ class Pipeline:
             return None
         columns = table[0]                  # test set | [alpha |] sentences | BLEU | chrF | TER
         cells = [dict(zip(columns, row)) for row in table[1:]]
+        written = WRITTEN_ALPHA.search(printed)
         return ", ".join(row["test set"] + (f" alpha {row['alpha']}" if "alpha" in row else "")
-                         + f" {row['BLEU']}" for row in cells)
+                         + f" {row['BLEU']}" for row in cells) \
+            + (f" (wrote alpha {written.group(1)})" if written else "")
 
 
 def _output_lines(log: Path) -> list[str]:

@@ -153,7 +153,8 @@ steps:
     result = pipeline(recipe_folder / "choose.yaml", "--work", recipe_folder / "work")
     assert result.returncode == 0, result.stderr
     record = json.loads((recipe_folder / "work" / "pipeline.json").read_text())
-    assert record["penalty"]["test_bleu"] == f"val alpha 0.0 {bleu[0.0]:.2f}, val alpha 3.0 {bleu[3.0]:.2f}"
+    assert record["penalty"]["test_bleu"] == \
+        f"val alpha 0.0 {bleu[0.0]:.2f}, val alpha 3.0 {bleu[3.0]:.2f} (wrote alpha 3.0)"
     assert record["score"]["test_bleu"] == f"val {bleu[3.0]:.2f}" != f"val {bleu[0.0]:.2f}"
 
 
