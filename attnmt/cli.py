@@ -621,17 +621,16 @@ def run_evaluate(args) -> int:
     if args.test or len(alphas) > 1:
         print_table(rows, with_alpha=len(alphas) > 1)
     if args.write_alpha:
-        write_alpha(Path(args.run[0]), highest_bleu(rows, rows[0][0])[1])
+        write_alpha(Path(args.run[0]), translator.config, highest_bleu(rows, rows[0][0])[1])
     return 0
 
 
-def write_alpha(run: Path, alpha: float) -> None:
-    """``decode.alpha`` of the run (or export) at ``run`` set to ``alpha``, nothing else changed."""
+def write_alpha(run: Path, config, alpha: float) -> None:
+    """The run's (or export's) ``config`` written back to it with ``decode.alpha`` = ``alpha``."""
     from dataclasses import replace
 
-    from attnmt.config import load_config, save_config
+    from attnmt.config import save_config
 
-    config = load_config(run / "config.yaml")
     save_config(replace(config, decode=replace(config.decode, alpha=alpha)), run / "config.yaml")
     print(f"decode.alpha {alpha} written to {run / 'config.yaml'}")
 

@@ -160,13 +160,18 @@ def refuse_subword_sampling(config: Config, run_path: Path) -> None:
 def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:
     """A run directory continues only the experiment it holds: same data and model."""
     for section in ("data", "model"):
-        before, now = asdict(getattr(saved, section)), asdict(getattr(requested, section))
-        changed = [f"{section}.{key} ({before[key]!r} saved, {now[key]!r} now)"
-                   for key in before if before[key] != now[key]]
+        changed = changed_settings(saved, requested, section)
         if changed:
             raise UserError(f"{saved_path} holds a run with a different '{section}' section: "
                             f"{', '.join(changed)}; resume with the same config or choose a new "
                             "--run directory")
+
+
+def changed_settings(saved: Config, requested: Config, section: str) -> list[str]:
+    """``section.key (old saved, new now)`` for each setting of ``section`` that differs."""
+    before, now = asdict(getattr(saved, section)), asdict(getattr(requested, section))
+    return [f"{section}.{key} ({before[key]!r} saved, {now[key]!r} now)"
+            for key in before if before[key] != now[key]]
 
 
 REGULARISATION = ("dropout", "attention_dropout", "ffn_dropout")   # may change when fine-tuning

@@ -36,8 +36,8 @@ from attnmt.loss import projected_cross_entropy
 from attnmt.masks import padding_mask, target_mask
 from attnmt.model import Seq2Seq, build_model
 from attnmt.process import resolve_device, resolve_precision
-from attnmt.run import (RunDirectory, TrainingData, default_run_dir, inherit, initial_weights,
-                        open_run, prepare_data, say)
+from attnmt.run import (RunDirectory, TrainingData, changed_settings, default_run_dir, inherit,
+                        initial_weights, open_run, prepare_data, say)
 from attnmt.schedule import budget_progress, learning_rate
 from attnmt.search import greedy_search
 from attnmt.transformer import FeedForward
@@ -572,9 +572,7 @@ def validation_bleu(model: Seq2Seq, split: TokenizedSplit, target_tokenizer, con
 def say_replaced_decoding(saved: Config, resumed: Config) -> None:
     """A resumed run's ``config.yaml`` becomes the training's: name the decoding settings it
     replaces (a length penalty chosen with ``evaluate --write-alpha``, say)."""
-    before, now = asdict(saved.decode), asdict(resumed.decode)
-    changed = [f"decode.{key} {before[key]!r} -> {now[key]!r}" for key in before
-               if before[key] != now[key]]
+    changed = changed_settings(saved, resumed, "decode")
     if changed:
         say(f"the run's decoding settings are replaced by this config's: {', '.join(changed)}")
 

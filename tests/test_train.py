@@ -326,15 +326,16 @@ def test_resuming_names_the_decoding_settings_its_config_replaces(tiny_config, t
     """A penalty chosen after training (evaluate --write-alpha) is not lost in silence
     when the run is trained further with its config."""
     from attnmt.cli import write_alpha
+    from attnmt.config import load_config
 
     run = tmp_path / "run"
     first = attnmt("train", str(tiny_config), "--run", str(run), "--set", "train.max_steps=1")
     assert first.wait(timeout=120) == 0
-    write_alpha(run, 1.5)
+    write_alpha(run, load_config(run / "config.yaml"), 1.5)
     again = attnmt("train", str(tiny_config), "--run", str(run), "--set", "train.max_steps=2")
     _, stderr = again.communicate(timeout=120)
     assert again.returncode == 0
-    assert "the run's decoding settings are replaced by this config's: decode.alpha 1.5 -> 0.6" in stderr
+    assert "the run's decoding settings are replaced by this config's: decode.alpha (1.5 saved, 0.6 now)" in stderr
     assert yaml.safe_load((run / "config.yaml").read_text())["decode"]["alpha"] == 0.6
 
 
