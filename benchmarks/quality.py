@@ -13,8 +13,8 @@ validation curve), sacreBLEU BLEU, chrF and TER, cased and lowercased, per test 
 what the figures depend on: the machine as what it is (CPU model, cores, its bf16 or AMX
 support; the GPU), the precision and threads the run trained with, its seed, the commit
 and date of the scoring, and the resolved config; the data folder is written ``DATA``, the
-run's parent ``runs``, the repository ``.``, so the file can go into ``docs/results/`` as
-it is. The budget is minutes of training time (validation not counted), so the result
+run's parent ``runs`` (a recipe step's: its work folder's parent), the repository ``.``, so
+the file can go into ``docs/results/`` as it is. The budget is minutes of training time (validation not counted), so the result
 depends on the machine's speed: run it with nothing else on the machine.
 
 With ``--pipeline WORK`` (the run is a step of ``attnmt pipeline RECIPE --work WORK``)
@@ -322,7 +322,14 @@ def score_and_record(args, others: dict[str, str]) -> None:
               "training": training_figures(args.run), "provenance": depends_on}
     if recipe:
         record["extra"] = recipe
-    write_record(record, args.run / "quality.json", {args.data_dir: "DATA", args.run.parent: "runs"})
+    write_record(record, args.run / "quality.json", record_folders(args))
+
+
+def record_folders(args) -> dict:
+    """How a run's record names its folders: the data ``DATA`` and the folder of the run
+    ``runs``, or with ``--pipeline WORK`` the folder of WORK, so that a step's paths keep
+    their recipe's folder (``runs/WORK/distilled/pairs``, not ``runs/distilled/pairs``)."""
+    return {args.data_dir: "DATA", (args.pipeline or args.run).absolute().parent: "runs"}
 
 
 if __name__ == "__main__":

@@ -304,6 +304,18 @@ def test_quality_writes_the_folders_of_a_record_as_the_documents_name_them(tmp_p
                                                    if key != "provenance"}
 
 
+def test_quality_names_a_recipe_steps_paths_inside_its_work_folder(tmp_path):
+    """A step of a pipeline names the work folder's parent runs, so that its paths keep the
+    recipe's folder; a run alone names its own parent runs."""
+    quality = benchmark("quality")
+    work = tmp_path / "en_cs_recipe"
+    record = {"overrides": [f"data.synthetic=[{work}/distilled/pairs]"]}
+    for pipeline, expected in ((work, "runs/en_cs_recipe/distilled/pairs"), (None, "runs/distilled/pairs")):
+        args = argparse.Namespace(data_dir="", run=work / "student", pipeline=pipeline)
+        portable = quality.without_machine_paths(record, quality.record_folders(args))
+        assert portable["overrides"] == [f"data.synthetic=[{expected}]"]
+
+
 @pytest.mark.parametrize("folders, names", [
     (["de_en", "de_en_bt"], ["runs/de_en", "runs/de_en_bt"]),
     (["a/en_fr", "b/seed2/en_fr"], ["runs/a/en_fr", "runs/b/seed2/en_fr"])])
