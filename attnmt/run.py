@@ -158,7 +158,10 @@ def refuse_subword_sampling(config: Config, run_path: Path) -> None:
 
 
 def check_same_experiment(saved: Config, requested: Config, saved_path: Path) -> None:
-    """A run directory continues only the experiment it holds: same data and model."""
+    """A run directory continues only the experiment it holds: same data and model. Where
+    Multi30k's files lie (``data.dir``, or ``$ATTNMT_DATA`` when it is empty) is not part of
+    the experiment: a run resumes after its data has moved, whichever way the folder is named."""
+    saved = replace(saved, data=replace(saved.data, dir=requested.data.dir))
     for section in ("data", "model"):
         changed = changed_settings(saved, requested, section)
         if changed:

@@ -44,13 +44,7 @@ from pathlib import Path
 
 
 def train(config: str, run: Path, data_dir: str, overrides: list[str]) -> None:
-    """Train ``run``, or resume it with the data folder it was started with (a pipeline's
-    runs read ``$ATTNMT_DATA`` and record none), so that a run trained by any command
-    resumes, and an ended one is only scored."""
-    from attnmt.config import load_config
-
-    if (run / "config.yaml").is_file():
-        data_dir = load_config(run / "config.yaml").data.dir
+    """Train ``run``, or resume it (an ended one is only scored)."""
     settings = [*([f"data.dir={data_dir}"] if data_dir else []), *overrides]
     command = [sys.executable, "-m", "attnmt", "train", config, "--run-dir", str(run)]
     for setting in settings:

@@ -220,22 +220,6 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
         f"runs/{run.name}": bleu(Translator.from_run(run), "val") for run in runs}
 
 
-def test_quality_resumes_a_run_with_the_data_folder_it_started_with(tmp_path, monkeypatch):
-    """A run that exists resumes with its own data.dir (a pipeline's: none, it reads
-    $ATTNMT_DATA), where a changed one would be refused as another experiment."""
-    quality = benchmark("quality")
-    commands = []
-    monkeypatch.setattr(quality.subprocess, "run",
-                        lambda command: commands.append(command) or type("Done", (), {"returncode": 0}))
-    for name, folder in (("pipeline", "''"), ("quality", "OLD")):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.yaml").write_text(f"data: {{dir: {folder}}}\n")
-        quality.train("preset.yaml", tmp_path / name, "DATA", ["train.seed=2"])
-    quality.train("preset.yaml", tmp_path / "new", "DATA", ["train.seed=2"])
-    settings = [[part for part in command if "=" in part] for command in commands]
-    assert settings == [["train.seed=2"], ["data.dir=OLD", "train.seed=2"], ["data.dir=DATA", "train.seed=2"]]
-
-
 def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
     quality = benchmark("quality")
     steps = {"fr_en": {"minutes": 63.5, "valid_bleu": 53.1, "test_bleu": None},

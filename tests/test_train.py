@@ -322,6 +322,19 @@ def test_resuming_with_a_different_model_is_refused(tiny_config, tmp_path):
     assert "64 now" in stderr and "Traceback" not in stderr
 
 
+def test_a_run_resumes_wherever_its_multi30k_files_lie(tmp_path):
+    """data.dir says where the files are, not which data: a run started with it resumes
+    through $ATTNMT_DATA (dir empty) or a moved folder; another pair is still refused."""
+    from attnmt.run import open_run
+
+    preset = Path(__file__).parents[1] / "configs" / "multi30k_de_en_transformer.yaml"
+    save_config(load_config(preset, ["data.dir=/old/multi30k"]), tmp_path / "config.yaml")
+    for moved in ([], ["data.dir=/new/multi30k"]):
+        assert open_run(load_config(preset, moved), tmp_path).path == tmp_path
+    with pytest.raises(UserError, match=r"different 'data' section: data.src_lang \('de' saved"):
+        open_run(load_config(preset, ["data.dir=/new/multi30k", "data.src_lang=fr"]), tmp_path)
+
+
 def test_resuming_names_the_decoding_settings_its_config_replaces(tiny_config, tmp_path):
     """A penalty chosen after training (evaluate --write-alpha) is not lost in silence
     when the run is trained further with its config."""
