@@ -14,8 +14,9 @@ what the figures depend on: the machine as what it is (CPU model, cores, its bf1
 support; the GPU), the precision and threads the run trained with, its seed, the commit
 and date of the scoring, and the resolved config; the data folder is written ``DATA``, the
 run's parent ``runs`` (a recipe step's: its work folder's parent), the repository ``.``, so
-the file can go into ``docs/results/`` as it is. The budget is minutes of training time (validation not counted), so the result
-depends on the machine's speed: run it with nothing else on the machine.
+the file can go into ``docs/results/`` as it is. The budget is minutes of training time
+(validation not counted), so the result depends on the machine's speed: run it with nothing
+else on the machine.
 
 With ``--pipeline WORK`` (the run is a step of ``attnmt pipeline RECIPE --work WORK``)
 the record adds the recipe's compute and final scores from ``WORK/pipeline.json``:
