@@ -108,6 +108,13 @@ def test_wrong_type_named(tmp_path):
         load_config(write(tmp_path, "data:\n  extra_src_langs: [3]\n"))
 
 
+def test_an_empty_string_setting_left_blank_says_how_to_write_it(tmp_path):
+    with pytest.raises(UserError, match=r"data.synthetic_tag must be str, got an empty value .*"
+                                        r"--set \"data.synthetic_tag=''\""):
+        load_config(write(tmp_path, "{}"), ["data.synthetic_tag="])
+    assert load_config(write(tmp_path, "{}"), ["data.synthetic_tag=''"]).data.synthetic_tag == ""
+
+
 def test_bad_override_and_missing_file(tmp_path):
     with pytest.raises(UserError, match="must look like section.key=value"):
         load_config(write(tmp_path, "{}"), ["heads=4"])
