@@ -332,11 +332,11 @@ def _coerce(section: str, name: str, annotation, value):
         return tuple(_coerce(section, name, item_type, item) for item_type, item in zip(items, value))
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    _require(not (expected is str and value is None),
-             f"{where} must be str, got an empty value (YAML reads it as null); write '' for the empty "
-             f"string, on the command line --set \"{where}=''\"")
     if expected is not None and (not isinstance(value, expected)
                                  or (expected is int and isinstance(value, bool))):
+        if expected is str and value is None:
+            raise UserError(f"{where} must be str, got an empty value (YAML reads it as null); write '' "
+                            f"for the empty string, on the command line --set \"{where}=''\"")
         raise UserError(f"{where} must be {expected.__name__}, got {value!r}")
     return value
 
