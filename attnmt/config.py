@@ -326,6 +326,8 @@ def _coerce(section: str, name: str, annotation, value):
         items = typing.get_args(annotation)
         if items[-1] is Ellipsis:
             _require(isinstance(value, (list, tuple)), f"{where} must be a list, got {value!r}")
+            _require(None not in value, f"{where} has an empty item (YAML reads a blank item as null), "
+                                        f"got {list(value)!r}; remove it or write the value")
             return tuple(_coerce(section, name, items[0], item) for item in value)
         _require(isinstance(value, (list, tuple)) and len(value) == len(items),
                  f"{where} must be a list of {len(items)} numbers, got {value!r}")

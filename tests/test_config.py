@@ -115,6 +115,11 @@ def test_an_empty_string_setting_left_blank_says_how_to_write_it(tmp_path):
     assert load_config(write(tmp_path, "{}"), ["data.synthetic_tag=''"]).data.synthetic_tag == ""
 
 
+def test_a_blank_item_in_a_list_setting_is_named_as_such(tmp_path):
+    with pytest.raises(UserError, match=r"data.extra_src_langs has an empty item .*got \['fr', None\]"):
+        load_config(write(tmp_path, "data:\n  extra_src_langs:\n    - fr\n    -\n"))
+
+
 def test_bad_override_and_missing_file(tmp_path):
     with pytest.raises(UserError, match="must look like section.key=value"):
         load_config(write(tmp_path, "{}"), ["heads=4"])
