@@ -324,13 +324,14 @@ def _coerce(section: str, name: str, annotation, value):
     expected = annotation if isinstance(annotation, type) else None
     if typing.get_origin(annotation) is tuple:
         items = typing.get_args(annotation)
-        if items[-1] is Ellipsis:
-            _require(isinstance(value, (list, tuple)), f"{where} must be a list, got {value!r}")
-            _require(None not in value, f"{where} has an empty item (YAML reads a blank item as null), "
-                                        f"got {list(value)!r}; remove it or write the value")
+        any_length = items[-1] is Ellipsis
+        shape = "a list" if any_length else f"a list of {len(items)} numbers"
+        _require(isinstance(value, (list, tuple)), f"{where} must be {shape}, got {value!r}")
+        _require(None not in value, f"{where} has an empty item (YAML reads a blank item as null), "
+                                    f"got {list(value)!r}; remove it or write the value")
+        if any_length:
             return tuple(_coerce(section, name, items[0], item) for item in value)
-        _require(isinstance(value, (list, tuple)) and len(value) == len(items),
-                 f"{where} must be a list of {len(items)} numbers, got {value!r}")
+        _require(len(value) == len(items), f"{where} must be {shape}, got {value!r}")
         return tuple(_coerce(section, name, item_type, item) for item_type, item in zip(items, value))
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

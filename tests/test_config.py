@@ -118,6 +118,8 @@ def test_an_empty_string_setting_left_blank_says_how_to_write_it(tmp_path):
 def test_a_blank_item_in_a_list_setting_is_named_as_such(tmp_path):
     with pytest.raises(UserError, match=r"data.extra_src_langs has an empty item .*got \['fr', None\]"):
         load_config(write(tmp_path, "data:\n  extra_src_langs:\n    - fr\n    -\n"))
+    with pytest.raises(UserError, match=r"train.betas has an empty item .*got \[0.9, None\]"):
+        load_config(write(tmp_path, "train:\n  betas:\n    - 0.9\n    -\n"))
 
 
 def test_bad_override_and_missing_file(tmp_path):
