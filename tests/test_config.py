@@ -106,6 +106,9 @@ def test_wrong_type_named(tmp_path):
         load_config(write(tmp_path, "data:\n  extra_src_langs: fr\n"))
     with pytest.raises(UserError, match="data.extra_src_langs must be str, got 3"):
         load_config(write(tmp_path, "data:\n  extra_src_langs: [3]\n"))
+    for betas in ("0.9", "[0.9]", "[0.9, 0.98, 0.99]"):
+        with pytest.raises(UserError, match=r"train.betas must be a list of 2 numbers, got "):
+            load_config(write(tmp_path, "{}"), [f"train.betas={betas}"])
 
 
 def test_an_empty_string_setting_left_blank_says_how_to_write_it(tmp_path):
