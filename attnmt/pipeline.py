@@ -23,7 +23,8 @@ written.
 ``$VARIABLES`` are expanded (``$ATTNMT_DATA/test_2016_flickr``).
 
 Each step runs as its own ``attnmt`` process, its output in ``WORK/NAME.log``. A step that
-ends well is recorded in ``WORK/pipeline.json``; running the recipe again skips it. An
+ends well is recorded in ``WORK/pipeline.json`` with its command; running the recipe again
+skips it, and refuses to when the recipe now gives that step another command. An
 interrupted step is started again with the same command, and resumes as the command
 itself does: a training run exactly, a synthesis with ``--resume``; clean, export and
 evaluate start over. A failing step stops the pipeline with its log's last line; the
@@ -227,10 +228,21 @@ class Pipeline:
                 echo("attnmt " + shlex.join(arguments))
                 continue
             if step.name in done:
+                self._check_unchanged(step, arguments, done[step.name])
                 rows.append({**done[step.name], "step": step.name, "status": "done before"})
                 continue
             rows.append(self._run_step(step, arguments, done, echo))
         return rows
+
+    def _check_unchanged(self, step: Step, arguments: list[str], record: dict) -> None:
+        """A done step is skipped only if the recipe still asks for the command that made
+        its output (records written before commands were kept are taken as they are)."""
+        recorded = record.get("command")
+        if recorded is not None and recorded != shlex.join(arguments):
+            raise UserError(f"step {step.name} in {self.work} was made by another command "
+                            f"(attnmt {recorded}); the recipe now asks for attnmt "
+                            f"{shlex.join(arguments)}. Give the changed step a new name, or "
+                            f"another --work, so the old output is not taken for the new")
 
     def _run_step(self, step: Step, arguments: list[str], done: dict, echo) -> dict:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -258,7 +270,8 @@ class Pipeline:
         row = {"step": step.name, "status": "ran", "minutes": minutes,
                "valid_bleu": validation_bleu(step, self.work),
                "test_bleu": self._test_bleu(step, log)}
-        done[step.name] = {key: row[key] for key in ("minutes", "valid_bleu", "test_bleu")}
+        done[step.name] = {**{key: row[key] for key in ("minutes", "valid_bleu", "test_bleu")},
+                           "command": shlex.join(arguments)}
         temporary = self.record_path.with_suffix(".json.partial")
         temporary.write_text(json.dumps(done, indent=1))
         os.replace(temporary, self.record_path)

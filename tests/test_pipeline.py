@@ -79,6 +79,13 @@ def test_a_recipe_runs_in_order_and_a_second_run_does_nothing(recipe_folder):
     assert second.returncode == 0 and "nothing to run" in second.stdout
     assert "done before" in second.stdout and "[reverse]" not in second.stdout
 
+    (recipe_folder / "chain.yaml").write_text(CHAIN.replace("train.max_steps=30, train.validate",
+                                                            "train.max_steps=60, train.validate", 1))
+    changed = pipeline(recipe_folder / "chain.yaml", "--work", work)
+    assert changed.returncode == 1 and "Traceback" not in changed.stderr
+    assert "step teacher in" in changed.stderr and "made by another command" in changed.stderr
+    assert "train.max_steps=30" in changed.stderr and "train.max_steps=60" in changed.stderr
+
 
 def test_a_killed_step_resumes_to_the_same_outputs(recipe_folder):
     (recipe_folder / "long.yaml").write_text(
