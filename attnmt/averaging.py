@@ -1,6 +1,7 @@
-"""An exponential moving average of a model's weights, kept beside them during training.
+"""Averages of a model's weights: a moving one kept during training, and that of several runs.
 
-After update ``t`` (1-based) every parameter's shadow moves toward the new weights::
+**During training** (``train.ema_decay``): after update ``t`` (1-based) every parameter's
+shadow moves toward the new weights::
 
     d_t = min(decay, (1 + t) / (10 + t))
     shadow = d_t * shadow + (1 - d_t) * weight
@@ -8,14 +9,30 @@ After update ``t`` (1-based) every parameter's shadow moves toward the new weigh
 The ramp ``(1 + t) / (10 + t)`` (as in TensorFlow's ``ExponentialMovingAverage`` with
 ``num_updates``) keeps the first updates from being dominated by the initial weights.
 Shadows are float32 whatever the training precision, and start as a copy of the weights.
+
+**Of several runs** (``attnmt average RUN RUN ... -o OUT``): the element-wise mean of
+their best weights, written as a run that translates, exports, evaluates and starts
+fine-tunings (``train.init_from``) like any other; it is not a training to resume. The
+mean of two models is a good model only when they lie in one basin of the loss: runs
+fine-tuned from one parent on different data, a "model soup" (Wortsman et al., 2022,
+arXiv:2203.05482). Two runs trained from scratch, or a run and its own continuation on a
+fresh schedule, usually average into a worse model; choose on validation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from attnmt.errors import UserError
+
+AVERAGE_INFO = "average.json"      # in a folder written by attnmt average: the runs it averages
 
 
 class ExponentialMovingAverage:
@@ -54,3 +71,78 @@ class ExponentialMovingAverage:
         if sorted(state) != sorted(self.names):
             raise ValueError("the saved weight average belongs to another model")
         self.shadow = [state[name].float().clone() for name in self.names]
+
+
+def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -> Path:
+    """Write ``out``: ``config.yaml`` and the tokenizers of ``runs[0]``, ``best.safetensors``
+    the mean of the runs' best weights, and :data:`AVERAGE_INFO` (the runs' and the weight
+    files' absolute paths). The runs must share their model (but for dropout), vocabularies
+    and languages. Written in a temporary folder and renamed into place: an interrupted
+    average leaves nothing half-written."""
+    from attnmt.checkpoint import average_into, save_weights
+    from attnmt.config import save_config
+    from attnmt.data.tokenizers import save_tokenizers
+    from attnmt.run import RunDirectory
+    from attnmt.translator import check_compatible
+
+    runs, out = [Path(run) for run in runs], Path(out)
+    if len(runs) < 2:
+        raise UserError(f"averaging needs at least two runs, got {len(runs)}")
+    for run in runs:
+        if not (run / "config.yaml").is_file():
+            raise UserError(f"{run} is not an attnmt run directory (no config.yaml)")
+        if not RunDirectory(run).weights().is_file():
+            raise UserError(f"{run} holds no PyTorch weights (best or last .safetensors): average "
+                            "training runs, not exports")
+    check_destination(runs, out, force)
+    config, source_tokenizer, target_tokenizer, model = RunDirectory(runs[0]).load_model()
+    for run in runs[1:]:
+        check_compatible(runs[0], config, source_tokenizer, target_tokenizer, run, "average")
+        check_same_model(runs[0], config, run)
+    weights = [RunDirectory(run).weights() for run in runs]
+    average_into(model, weights)
+    temporary = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    save_config(config, temporary / "config.yaml")
+    save_tokenizers(temporary, source_tokenizer, target_tokenizer)
+    save_weights(model, temporary / "best.safetensors", {"weights": f"mean of {len(runs)} runs"})
+    info = {"runs": [str(run.absolute()) for run in runs],
+            "weights": [str(path.absolute()) for path in weights]}
+    (temporary / AVERAGE_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    if out.exists():
+        shutil.rmtree(out)
+    temporary.rename(out)
+    return out
+
+
+def check_same_model(first: Path, config, other: Path) -> None:
+    """The runs' ``model`` sections agree but for dropout (a fine-tuning may change it)."""
+    from attnmt.config import load_config
+    from attnmt.run import REGULARISATION, changed_settings
+
+    theirs = load_config(other / "config.yaml")
+    unregularised = {name: 0.0 for name in REGULARISATION}
+    changed = changed_settings(replace(config, model=replace(config.model, **unregularised)),
+                               replace(theirs, model=replace(theirs.model, **unregularised)), "model")
+    if changed:
+        raise UserError(f"cannot average {first} with {other}: their models differ "
+                        f"({', '.join(changed)})")
+
+
+def check_destination(runs: list[Path], out: Path, force: bool) -> None:
+    """``out`` is absent, empty, or (with ``force``) an earlier average; never a run being
+    averaged or a folder holding one, never a training run or an export."""
+    target = out.resolve()
+    for run in runs:
+        if target == run.resolve() or target in run.resolve().parents:
+            raise UserError(f"{out} holds the run {run}: writing the average there would destroy "
+                            "it; choose another folder")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not (out / AVERAGE_INFO).is_file():
+        raise UserError(f"{out} exists and was not written by 'attnmt average' (a training run, "
+                        "an export or other files), which an average never replaces; choose "
+                        "another folder")
+    if not force:
+        raise UserError(f"{out} holds an earlier average; choose another folder or add --force")

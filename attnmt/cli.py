@@ -107,9 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pipeline = commands.add_parser(
         "pipeline", help="run a recipe: several commands in order, each resumable",
-        description="Run the steps of a recipe (train, synthesize, clean, export, evaluate), "
-                    "each after the steps it names, each into WORK/NAME. Steps already done are "
-                    "skipped; an interrupted one resumes. Ends with a table of the steps.")
+        description="Run the steps of a recipe (train, synthesize, clean, average, export, "
+                    "evaluate), each after the steps it names, each into WORK/NAME. Steps "
+                    "already done are skipped; an interrupted one resumes. Ends with a table "
+                    "of the steps.")
     pipeline.add_argument("recipe", metavar="RECIPE", help="the recipe's YAML file")
     pipeline.add_argument("--work", metavar="DIR",
                           help="folder of the steps' outputs (default: the recipe's 'work', else "
@@ -180,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="best (default), last, or a .safetensors file of this run's model")
     export.add_argument("--force", action="store_true", help="replace a non-empty folder")
     export.set_defaults(handler=run_export)
+
+    average = commands.add_parser(
+        "average", help="average the weights of runs fine-tuned from one parent",
+        description="Write a run whose weights are the mean of the runs' best weights (a "
+                    "'model soup'): it translates, exports, evaluates and starts fine-tunings "
+                    "like any other run. The runs must share their model, vocabularies and "
+                    "languages; runs fine-tuned from one parent average well, others rarely: "
+                    "choose on validation.")
+    average.add_argument("run", nargs="+", metavar="RUN", help="two or more run directories")
+    average.add_argument("-o", "--out", required=True, help="folder to write the averaged run")
+    average.add_argument("--force", action="store_true", help="replace an earlier average")
+    average.set_defaults(handler=run_average)
 
     serve = commands.add_parser("serve", help="HTTP API and a web page showing attention",
                                 description="Serve POST /translate, GET /health, GET /info and "
@@ -664,6 +677,14 @@ def run_export(args) -> int:
     return 0
 
 
+def run_average(args) -> int:
+    from attnmt.averaging import average_runs
+
+    configure()
+    print(f"averaged {len(args.run)} runs into {average_runs(args.run, args.out, args.force)}")
+    return 0
+
+
 def run_demo(args) -> int:
     from attnmt.demo import run_demo as demo
 
@@ -725,6 +746,7 @@ def needs_torch(command: str) -> str:
     """What the command does that needs PyTorch, in the words of its error."""
     return {"train": "training needs PyTorch", "prepare": "preparing training data needs PyTorch",
             "export": "exporting a run needs PyTorch",
+            "average": "averaging runs needs PyTorch",
             "demo": "the demo trains a model and needs PyTorch",
             "experiment": "experiments train models and need PyTorch"}.get(
         command, f"'attnmt {command}' on a training run needs PyTorch (a folder made by "

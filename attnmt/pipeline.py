@@ -12,22 +12,22 @@ A recipe names its steps, each one attnmt command with its options::
       penalty: {evaluate: [fast], test: [data/val], alpha: [0.6, 1, 1.5], write_alpha: true}
       score: {evaluate: [fast], test: [data/test]}
 
-``@name`` in a value (and the run names of ``synthesize``, ``export`` and ``evaluate``)
-stands for that step's output: a train step's run directory, a synthesize step's pairs
-(``WORK/NAME/pairs``, a prefix), a clean step's corpus (``WORK/NAME/clean``), an export's
-folder. The references order the steps: a step runs after those it names, otherwise in
-the order written (``penalty`` writes the export's length penalty before ``score`` reads
-it). A relative path that exists beside the recipe (a config, a text, a setting's value)
-is read from there; inside a list (``data.synthetic=[...]``) give references or paths as
-written.
+``@name`` in a value (and the run names of ``synthesize``, ``average``, ``export`` and
+``evaluate``) stands for that step's output: a train step's run directory, a synthesize
+step's pairs (``WORK/NAME/pairs``, a prefix), a clean step's corpus
+(``WORK/NAME/clean``), an average's or an export's folder. The references order the
+steps: a step runs after those it names, otherwise in the order written (``penalty``
+writes the export's length penalty before ``score`` reads it). A relative path that
+exists beside the recipe (a config, a text, a setting's value) is read from there; inside
+a list (``data.synthetic=[...]``) give references or paths as written.
 ``$VARIABLES`` are expanded (``$ATTNMT_DATA/test_2016_flickr``).
 
 Each step runs as its own ``attnmt`` process, its output in ``WORK/NAME.log``. A step that
 ends well is recorded in ``WORK/pipeline.json`` with its command; running the recipe again
 skips it, and refuses to when the recipe now gives that step another command. An
 interrupted step is started again with the same command, and resumes as the command
-itself does: a training run exactly, a synthesis with ``--resume``; clean, export and
-evaluate start over. A failing step stops the pipeline with its log's last line; the
+itself does: a training run exactly, a synthesis with ``--resume``; clean, average, export
+and evaluate start over. A failing step stops the pipeline with its log's last line; the
 earlier steps' outputs stay. A step's minutes in the record are those of every try that
 made its output, failed and interrupted (Ctrl-C) ones included, each written at its end
 in the log; a try killed outright (SIGKILL) writes none and is not counted.
@@ -49,7 +49,7 @@ import yaml
 
 from attnmt.errors import UserError
 
-ACTIONS = ("train", "synthesize", "clean", "export", "evaluate")
+ACTIONS = ("train", "synthesize", "clean", "average", "export", "evaluate")
 OPTIONS = {   # what each action accepts besides its own key, and the command-line flag of each
     "train": {"set": "--set"},
     "synthesize": {"input": "-i", "target_lang": "--target-lang", "beam": "--beam",
@@ -57,6 +57,7 @@ OPTIONS = {   # what each action accepts besides its own key, and the command-li
                    "top_p": "--top-p", "seed": "--seed", "engine": "--engine"},
     "clean": {"src_lang": "--src-lang", "tgt_lang": "--tgt-lang", "max_ratio": "--max-ratio",
               "min_words": "--min-words", "max_words": "--max-words", "langid": "--langid"},
+    "average": {},
     "export": {"quantization": "--quantization"},
     "evaluate": {"test": "--test", "beam": "--beam", "engine": "--engine", "alpha": "--alpha",
                  "write_alpha": "--write-alpha"},
@@ -76,7 +77,7 @@ class Step:
     def references(self) -> list[str]:
         """The steps this one needs."""
         named = []
-        if self.action in ("synthesize", "export", "evaluate"):
+        if self.action in ("synthesize", "average", "export", "evaluate"):
             named += [run for run in _as_list(self.target) if not _looks_like_path(run)]
         for value in [self.target, *self.options.values()]:
             for text in _as_list(value):
@@ -119,8 +120,8 @@ def read_recipe(path: str | Path) -> tuple[list[Step], Path]:
         options = {key: value for key, value in body.items() if key != action}
         for key in options:
             if key not in OPTIONS[action]:
-                raise UserError(f"step {name}: {action} takes {', '.join(OPTIONS[action])}, "
-                                f"not {key!r}")
+                raise UserError(f"step {name}: {action} takes "
+                                f"{', '.join(OPTIONS[action]) or 'no options'}, not {key!r}")
         steps[name] = Step(str(name), action, body[action], options)
     return _ordered(steps), Path(str(raw.get("work", f"runs/{path.stem}")))
 
@@ -149,7 +150,8 @@ def _ordered(steps: dict[str, Step]) -> list[Step]:
 def output(step: Step, work: Path) -> Path:
     """Where a step writes: a run directory, a prefix of pairs, a folder."""
     return {"train": work / step.name, "synthesize": work / step.name / "pairs",
-            "clean": work / step.name / "clean", "export": work / step.name,
+            "clean": work / step.name / "clean", "average": work / step.name,
+            "export": work / step.name,
             "evaluate": work / step.name / "scores.txt"}[step.action]
 
 
@@ -180,6 +182,8 @@ def command(step: Step, steps: dict[str, Step], work: Path, base: Path) -> list[
             arguments.append("--resume")
     elif step.action == "clean":
         arguments = ["clean", resolve(step.target), "-o", str(out)]
+    elif step.action == "average":
+        arguments = ["average", *map(run, _as_list(step.target)), "-o", str(out), "--force"]
     elif step.action == "export":
         arguments = ["export", run(step.target), str(out), "--force"]
     else:

@@ -125,8 +125,15 @@ class RunDirectory:
 
 
 def open_run(config: Config, run_dir: str | Path) -> RunDirectory:
-    """The run directory, created if needed; an existing one must hold the same experiment."""
+    """The run directory, created if needed; an existing one must hold the same experiment,
+    and not an average of runs (training there would overwrite its weights)."""
+    from attnmt.averaging import AVERAGE_INFO
+
     run = RunDirectory(run_dir)
+    if (run.path / AVERAGE_INFO).is_file():
+        raise UserError(f"{run.path} holds an average of runs (attnmt average), not a training to "
+                        f"resume; train into another --run, starting from it with "
+                        f"--set train.init_from={run.path}")
     run.path.mkdir(parents=True, exist_ok=True)
     if run.config.is_file():
         check_same_experiment(load_config(run.config), config, run.config)

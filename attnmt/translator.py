@@ -269,20 +269,20 @@ class Translator:
 
 
 def check_compatible(first: str | Path, config: Config, source_tokenizer, target_tokenizer,
-                     other: str | Path) -> None:
-    """An ensemble's runs must read and write the same pieces with the same ids, in the
-    same languages: one line naming the difference otherwise."""
+                     other: str | Path, verb: str = "ensemble") -> None:
+    """Runs to ensemble (or average) must read and write the same pieces with the same ids,
+    in the same languages: one line naming the difference otherwise."""
     other_config = load_config(Path(other) / "config.yaml")
     mine, theirs = config.data, other_config.data
     if (mine.src_lang, mine.target_langs) != (theirs.src_lang, theirs.target_langs):
-        raise UserError(f"cannot ensemble {first} ({mine.src_lang}->{','.join(mine.target_langs)}) "
+        raise UserError(f"cannot {verb} {first} ({mine.src_lang}->{','.join(mine.target_langs)}) "
                         f"with {other} ({theirs.src_lang}->{','.join(theirs.target_langs)})")
     for side, tokenizer, their_tokenizer in zip(("source", "target"),
                                                 (source_tokenizer, target_tokenizer),
                                                 load_tokenizers(Path(other))):
         if vocabulary(tokenizer) != vocabulary(their_tokenizer):
-            raise UserError(f"cannot ensemble {first} with {other}: their {side} vocabularies "
-                            "differ (an ensemble averages the probabilities of the same pieces)")
+            raise UserError(f"cannot {verb} {first} with {other}: their {side} vocabularies "
+                            "differ (the same id must mean the same piece in both)")
 
 
 def vocabulary(tokenizer) -> tuple:

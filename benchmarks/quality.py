@@ -30,6 +30,11 @@ under NAME beside Multi30k's.
 scores trained runs as one ensemble (``attnmt translate RUN RUN``) on the same test sets and
 on ``val`` (beam 5: ``extra.valid_bleu_beam5``, beside each run's own) into FILE.json, in the
 same schema with no training figures.
+
+    python benchmarks/quality.py --average SOUP --out FILE.json [--data-dir DIR] [--what ...]
+
+does the same for a folder written by ``attnmt average RUN RUN ... -o SOUP``: the model
+scored is the mean of the runs' weights, each run beside it on ``val``.
 """
 
 from __future__ import annotations
@@ -139,30 +144,32 @@ def scores_on(translator, prefix: Path, config) -> dict:
             "chrf_lc": round(lowered.chrf, 2), "signature": cased.signature}
 
 
-def ensemble_record(runs: list[Path], data_dir: str, what: str | None) -> dict:
-    """An ensemble's record: its test scores, and validation BLEU at beam 5 of the ensemble
-    and of each run (training validates greedy), so that it is chosen on ``val``. The runs
-    are named by their paths, which ``write_record`` writes from ``runs_folder`` on."""
+def ensemble_record(runs: list[Path], data_dir: str, what: str | None,
+                    averaged: Path | None = None) -> dict:
+    """An ensemble's record (or, with ``averaged``, that of the runs' weight average written
+    there): its test scores, and validation BLEU at beam 5 of it and of each run (training
+    validates greedy), so that it is chosen on ``val``. The runs are named by their paths,
+    which ``write_record`` writes from ``runs_folder`` on."""
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.translator import Translator
 
     configure()
     config = load_config(runs[0] / "config.yaml")
-    ensemble = Translator.from_runs(runs)
+    combined = Translator.from_run(averaged) if averaged else Translator.from_runs(runs)
     valid = Path(data_dir) / "val"
     members = {str(run.absolute()): scores_on(Translator.from_run(run), valid, config)["bleu"]
                for run in runs}
     depends_on = provenance(runs[0])
     depends_on.update(seed=None, config=None)
     data = config.data
-    return {"what": what or "ensemble of " + ", ".join(members),
+    return {"what": what or ("average of " if averaged else "ensemble of ") + ", ".join(members),
             "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],
             "parameters": None, "beam": config.decode.beam,
-            "test_sets": set_scores(ensemble, data_dir, config), "training": None,
+            "test_sets": set_scores(combined, data_dir, config), "training": None,
             "provenance": depends_on,
             "extra": {"runs": list(members),
-                      "valid_bleu_beam5": scores_on(ensemble, valid, config)["bleu"],
+                      "valid_bleu_beam5": scores_on(combined, valid, config)["bleu"],
                       "members_valid_bleu_beam5": members}}
 
 
@@ -252,7 +259,9 @@ def main() -> None:
     parser.add_argument("--run", type=Path)
     parser.add_argument("--ensemble", nargs="+", type=Path, metavar="RUN",
                         help="score these trained runs as one ensemble instead of training")
-    parser.add_argument("--out", type=Path, help="the ensemble's record (with --ensemble)")
+    parser.add_argument("--average", type=Path, metavar="SOUP",
+                        help="score this folder written by 'attnmt average' instead of training")
+    parser.add_argument("--out", type=Path, help="the record of --ensemble or --average")
     parser.add_argument("--data-dir", default=os.environ.get("ATTNMT_DATA", ""),
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     parser.add_argument("--set", action="append", default=[], metavar="section.key=value")
@@ -264,12 +273,12 @@ def main() -> None:
                         help="the run is a step of this pipeline folder: record the recipe's "
                              "minutes per step and its final scores")
     args = parser.parse_args()
-    if args.ensemble:
-        if (len(args.ensemble) < 2 or not args.out or args.config or args.run or args.set
-                or args.pipeline or args.test):
-            parser.error("--ensemble takes two runs or more and --out, and no CONFIG, --run, --set, "
-                         "--test or --pipeline")
-        if len({run.resolve() for run in args.ensemble}) < len(args.ensemble):
+    if args.ensemble or args.average:
+        if (args.ensemble and args.average) or not args.out or args.config or args.run or args.set \
+                or args.pipeline or args.test or (args.ensemble and len(args.ensemble) < 2):
+            parser.error("--ensemble takes two runs or more and --out (--average: one folder and "
+                         "--out), and no CONFIG, --run, --set, --test or --pipeline")
+        if args.ensemble and len({run.resolve() for run in args.ensemble}) < len(args.ensemble):
             parser.error("--ensemble: a run is named twice; an ensemble's runs differ")
         if not args.out.absolute().parent.is_dir():                 # before minutes of scoring
             parser.error(f"--out {args.out}: the folder {args.out.parent} does not exist")
@@ -280,7 +289,7 @@ def main() -> None:
     from attnmt.errors import UserError
 
     try:      # a bad config or --test file, a damaged run, pipeline record or test set
-        if args.ensemble:
+        if args.ensemble or args.average:
             record_ensemble(args)
         else:
             score_and_record(args, dict(test.split("=", 1) for test in args.test))
@@ -289,9 +298,23 @@ def main() -> None:
 
 
 def record_ensemble(args) -> None:
-    """Score ``args.ensemble`` as one ensemble and write its record to ``args.out``."""
-    write_record(ensemble_record(args.ensemble, args.data_dir, args.what), args.out,
-                 {args.data_dir: "DATA", runs_folder(args.ensemble): "runs"})
+    """Score ``args.ensemble`` as one ensemble (or ``args.average``, the weight average of
+    the runs it names) and write its record to ``args.out``."""
+    runs = averaged_runs(args.average) if args.average else args.ensemble
+    write_record(ensemble_record(runs, args.data_dir, args.what, args.average), args.out,
+                 {args.data_dir: "DATA", runs_folder(runs): "runs"})
+
+
+def averaged_runs(folder: Path) -> list[Path]:
+    """The runs whose weights ``folder`` (written by ``attnmt average``) averages."""
+    from attnmt.averaging import AVERAGE_INFO
+    from attnmt.errors import UserError
+
+    try:
+        return [Path(run) for run in json.loads((folder / AVERAGE_INFO).read_text())["runs"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{folder} was not written by 'attnmt average' (no readable "
+                        f"{AVERAGE_INFO})") from None
 
 
 def write_record(record: dict, path: Path, names: dict) -> None:

@@ -1,8 +1,17 @@
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
-from attnmt.averaging import ExponentialMovingAverage
+from attnmt.averaging import AVERAGE_INFO, ExponentialMovingAverage, average_runs
+from attnmt.errors import UserError
+from attnmt.run import RunDirectory
+from attnmt.translator import Translator
+from conftest import TINY
 
 
 def test_moving_average_equals_a_hand_computation():
@@ -44,3 +53,82 @@ def test_loading_another_models_average_is_refused():
     average = ExponentialMovingAverage(nn.Linear(2, 2), decay=0.9)
     with pytest.raises(ValueError, match="belongs to another model"):
         average.load_state_dict({"other.weight": torch.zeros(2, 2)})
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two tiny runs of one model and vocabulary (the second reads the first's tokenizers)."""
+    from attnmt.train import train
+
+    folder = tmp_path_factory.mktemp("two_runs")
+    (folder / "tiny.yaml").write_text(TINY)
+    steps = ["train.max_steps=20", "train.validate_every=20"]
+    first = train(folder / "tiny.yaml", folder / "first", steps)
+    second = train(folder / "tiny.yaml", folder / "second",
+                   steps + ["train.seed=7", f"data.tokenizer_from={first}", "model.dropout=0.3"])
+    return folder, first, second
+
+
+def attnmt(*args):
+    return subprocess.run([sys.executable, "-m", "attnmt", *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_average_of_runs_holds_the_mean_of_their_weights_and_translates(two_runs):
+    folder, first, second = two_runs
+    out = average_runs([first, second], folder / "soup")
+    expected = {name: (tensor + load_file(RunDirectory(second).weights())[name]) / 2
+                for name, tensor in load_file(RunDirectory(first).weights()).items()}
+    averaged = load_file(out / "best.safetensors")
+    assert sorted(averaged) == sorted(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(averaged[name], tensor, rtol=0, atol=1e-7)
+    assert json.loads((out / AVERAGE_INFO).read_text())["runs"] == [str(first.absolute()), str(second.absolute())]
+    assert Translator.from_run(out).translate(["sieben"], beam=2)[0].best.text
+
+
+def test_an_average_continues_only_as_the_start_of_another_run(two_runs):
+    from attnmt.train import train
+
+    folder, first, second = two_runs
+    out = average_runs([first, second], folder / "start")
+    with pytest.raises(UserError, match=r"holds an average of runs .* train.init_from="):
+        train(folder / "tiny.yaml", out, ["train.max_steps=2"])
+    assert json.loads((out / AVERAGE_INFO).read_text())     # untouched
+    child = train(folder / "tiny.yaml", folder / "child",
+                  ["train.max_steps=2", "train.validate_every=2", f"train.init_from={out}"])
+    assert (child / "best.safetensors").is_file()
+
+
+def test_the_command_refuses_to_destroy_what_it_did_not_write(two_runs):
+    folder, first, second = two_runs
+    made = attnmt("average", first, second, "-o", folder / "cli")
+    assert made.returncode == 0 and "averaged 2 runs" in made.stdout, made.stderr
+    again = attnmt("average", first, second, "-o", folder / "cli")
+    assert again.returncode == 1 and "holds an earlier average" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert attnmt("average", first, second, "-o", folder / "cli", "--force").returncode == 0
+    before = load_file(RunDirectory(first).weights())
+    into_run = attnmt("average", first, second, "-o", first)
+    assert into_run.returncode == 1 and "would destroy it" in into_run.stderr
+    other = attnmt("average", first, second, "-o", second.parent)
+    assert other.returncode == 1 and "holds the run" in other.stderr
+    assert all(torch.equal(before[name], tensor)
+               for name, tensor in load_file(RunDirectory(first).weights()).items())
+
+
+def test_runs_that_cannot_be_averaged_are_named(two_runs, tiny_runs, char_run, french_run,
+                                                tmp_path):
+    folder, first, second = two_runs
+    cases = [([first], "at least two runs"),
+             ([first, tmp_path], "is not an attnmt run directory"),
+             ([first, french_run], r"cannot average .*\(de->en\) with .*\(fr->en\)"),
+             ([first, char_run], "their source vocabularies differ"),
+             ([first, tiny_runs["transformer"]], r"their models differ \(model.max_positions"),
+             ([tiny_runs["transformer"], tiny_runs["rnn"]], r"their models differ \(model.arch")]
+    for runs, message in cases:
+        with pytest.raises(UserError, match=message):
+            average_runs(runs, tmp_path / "out")
+    with pytest.raises(UserError, match="was not written by 'attnmt average'"):
+        average_runs([first, second], tiny_runs["none"])
+    assert not (tmp_path / "out").exists()

@@ -53,7 +53,8 @@ def test_the_environment_has_no_torch_and_training_says_so_in_one_line(deploy_py
     assert subprocess.run([deploy_python, "-c", "import torch"], capture_output=True).returncode != 0
     (tmp_path / "c.yaml").write_text("data:\n  dataset: numbers\n")
     for command, needs in ((["train", str(tmp_path / "c.yaml")], "training needs PyTorch"),
-                           (["export", "run", "out"], "exporting a run needs PyTorch")):
+                           (["export", "run", "out"], "exporting a run needs PyTorch"),
+                           (["average", "a", "b", "-o", "c"], "averaging runs needs PyTorch")):
         result = attnmt(deploy_python, *command)
         assert result.returncode == 1
         assert result.stderr == f"attnmt: error: {needs}: pip install torch==2.13.0\n"

@@ -200,6 +200,7 @@ def test_a_step_records_the_minutes_of_every_try(tmp_path, monkeypatch):
     ("steps:\n  a: {export: b}\n", "step a names 'b', which is not a step"),
     ("steps:\n  a: {export: b}\n  b: {export: a}\n", "depends on itself"),
     ("steps:\n  a: {train: x.yaml, beam: 5}\n", "step a: train takes set, not 'beam'"),
+    ("steps:\n  a: {average: [x/b, x/c], beam: 5}\n", "step a: average takes no options, not 'beam'"),
     ("stages: {}\n", "a recipe is a mapping with 'steps'"),
     ("steps: [1, 2\n", "is not valid YAML"),
 ])
@@ -207,6 +208,18 @@ def test_a_bad_recipe_is_one_line(tmp_path, recipe, message):
     (tmp_path / "bad.yaml").write_text(recipe)
     with pytest.raises(UserError, match=message):
         Pipeline(tmp_path / "bad.yaml")
+
+
+def test_an_average_step_reads_its_runs_and_is_read_as_a_run(recipe_folder):
+    (recipe_folder / "soup.yaml").write_text(
+        "steps:\n  fast: {export: soup}\n  soup: {average: [one, two]}\n"
+        "  one: {train: tiny.yaml}\n  two: {train: tiny.yaml, set: [train.init_from=@one]}\n")
+    work = recipe_folder / "work"
+    plan = Pipeline(recipe_folder / "soup.yaml", work)
+    assert [step.name for step in plan.steps] == ["one", "two", "soup", "fast"]
+    assert plan.command(plan.by_name["soup"]) == ["average", str(work / "one"), str(work / "two"),
+                                                 "-o", str(work / "soup"), "--force"]
+    assert plan.command(plan.by_name["fast"])[1] == str(work / "soup")
 
 
 @pytest.mark.parametrize("name", ["numbers", "de_en"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from attnmt.errors import UserError
+from conftest import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,35 +190,69 @@ def test_quality_scores_every_test_set_present_as_evaluating_it_alone(tiny_runs,
         assert scores["test_sets"][name]["sentences"] == len(sources)
 
 
-def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
+NUMBER_SETS = {"test_2016_flickr": (["dreihundertsiebzehn", "zweiundvierzig", "neunzehntausend"],
+                                     ["three hundred seventeen", "forty-two", "nineteen thousand"]),
+               "val": (["achtundachtzig", "elfhundert"], ["eighty-eight", "one thousand one hundred"])}
+
+
+def write_number_sets(folder: Path) -> None:
+    for name, (sources, references) in NUMBER_SETS.items():
+        for lang, lines in (("de", sources), ("en", references)):
+            with gzip.open(folder / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("".join(line + "\n" for line in lines))
+
+
+def number_set_bleu(translator, name: str) -> float:
     from attnmt.evaluate import score_corpus
+
+    sources, references = NUMBER_SETS[name]
+    return round(score_corpus([t.best.text for t in translator.translate(sources)], references).bleu, 2)
+
+
+def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
     from attnmt.translator import Translator
 
     quality = benchmark("quality")
     runs = [tiny_runs["transformer"], tiny_runs["rnn"]]
-    sets = {"test_2016_flickr": (["dreihundertsiebzehn", "zweiundvierzig", "neunzehntausend"],
-                                 ["three hundred seventeen", "forty-two", "nineteen thousand"]),
-            "val": (["achtundachtzig", "elfhundert"], ["eighty-eight", "one thousand one hundred"])}
-    for name, (sources, references) in sets.items():
-        for lang, lines in (("de", sources), ("en", references)):
-            with gzip.open(tmp_path / f"{name}.{lang}.gz", "wt", encoding="utf-8") as handle:
-                handle.write("".join(line + "\n" for line in lines))
+    write_number_sets(tmp_path)
     out = tmp_path / "ensemble.json"
-    quality.record_ensemble(argparse.Namespace(ensemble=runs, data_dir=str(tmp_path),
+    quality.record_ensemble(argparse.Namespace(ensemble=runs, average=None, data_dir=str(tmp_path),
                                                what="two tiny runs", out=out))
     record = json.loads(out.read_text())
     assert results.schema_errors(record) == []
     assert (record["what"], record["direction"], record["training"]) == ("two tiny runs", "de-en", None)
-
-    def bleu(translator, name):
-        sources, references = sets[name]
-        return round(score_corpus([t.best.text for t in translator.translate(sources)], references).bleu, 2)
-
     ensemble = Translator.from_runs(runs)
-    assert record["test_sets"]["test_2016_flickr"]["bleu"] == bleu(ensemble, "test_2016_flickr")
-    assert record["extra"]["valid_bleu_beam5"] == bleu(ensemble, "val")
+    assert record["test_sets"]["test_2016_flickr"]["bleu"] == number_set_bleu(ensemble, "test_2016_flickr")
+    assert record["extra"]["valid_bleu_beam5"] == number_set_bleu(ensemble, "val")
     assert record["extra"]["members_valid_bleu_beam5"] == {
-        f"runs/{run.name}": bleu(Translator.from_run(run), "val") for run in runs}
+        f"runs/{run.name}": number_set_bleu(Translator.from_run(run), "val") for run in runs}
+
+
+def test_quality_scores_a_weight_average_as_translating_with_it(tiny_runs, tmp_path):
+    from attnmt.averaging import average_runs
+    from attnmt.train import train
+    from attnmt.translator import Translator
+
+    quality = benchmark("quality")
+    first = tiny_runs["transformer"]
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    second = train(tmp_path / "tiny.yaml", first.parent / "sibling",
+                   ["train.max_steps=30", "train.validate_every=30", "train.seed=7",
+                    "model.max_positions=40", f"data.tokenizer_from={first}"])
+    soup = average_runs([first, second], tmp_path / "soup")
+    write_number_sets(tmp_path)
+    out = tmp_path / "average.json"
+    quality.record_ensemble(argparse.Namespace(ensemble=None, average=soup, data_dir=str(tmp_path),
+                                               what=None, out=out))
+    record = json.loads(out.read_text())
+    assert results.schema_errors(record) == []
+    assert record["what"] == f"average of runs/{first.name}, runs/sibling"
+    averaged = Translator.from_run(soup)
+    assert record["test_sets"]["test_2016_flickr"]["bleu"] == number_set_bleu(averaged, "test_2016_flickr")
+    assert record["extra"]["valid_bleu_beam5"] == number_set_bleu(averaged, "val")
+    assert list(record["extra"]["members_valid_bleu_beam5"]) == [f"runs/{first.name}", "runs/sibling"]
+    with pytest.raises(UserError, match="was not written by 'attnmt average'"):
+        quality.averaged_runs(first)
 
 
 def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
@@ -311,7 +346,8 @@ def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(f
                          "members_valid_bleu_beam5": {str(run.absolute()): 40.0 for run in runs}}}
     monkeypatch.setattr(quality, "ensemble_record", lambda *args: members)
     out = tmp_path / "ensemble.json"
-    quality.record_ensemble(argparse.Namespace(ensemble=runs, data_dir="", what=None, out=out))
+    quality.record_ensemble(argparse.Namespace(ensemble=runs, average=None, data_dir="", what=None,
+                                               out=out))
     written = json.loads(out.read_text())
     assert written["extra"]["runs"] == names
     assert list(written["extra"]["members_valid_bleu_beam5"]) == names
