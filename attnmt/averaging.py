@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -119,12 +119,11 @@ def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -
 def check_same_model(first: Path, config, other: Path) -> None:
     """The runs' ``model`` sections agree but for dropout (a fine-tuning may change it)."""
     from attnmt.config import load_config
-    from attnmt.run import REGULARISATION, changed_settings
+    from attnmt.run import REGULARISATION
 
-    theirs = load_config(other / "config.yaml")
-    unregularised = {name: 0.0 for name in REGULARISATION}
-    changed = changed_settings(replace(config, model=replace(config.model, **unregularised)),
-                               replace(theirs, model=replace(theirs.model, **unregularised)), "model")
+    mine, theirs = asdict(config.model), asdict(load_config(other / "config.yaml").model)
+    changed = [f"model.{key} {mine[key]!r} and {theirs[key]!r}" for key in mine
+               if key not in REGULARISATION and mine[key] != theirs[key]]
     if changed:
         raise UserError(f"cannot average {first} with {other}: their models differ "
                         f"({', '.join(changed)})")

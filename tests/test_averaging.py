@@ -65,7 +65,8 @@ def two_runs(tmp_path_factory):
     steps = ["train.max_steps=20", "train.validate_every=20"]
     first = train(folder / "tiny.yaml", folder / "first", steps)
     second = train(folder / "tiny.yaml", folder / "second",
-                   steps + ["train.seed=7", f"data.tokenizer_from={first}", "model.dropout=0.3"])
+                   steps + ["train.seed=7", f"data.tokenizer_from={first}", "model.dropout=0.3",
+                            "model.ffn_dropout=0.2", "train.ffn_dropout_from_epoch=1"])
     return folder, first, second
 
 
