@@ -31,8 +31,7 @@ import torch
 from torch import nn
 
 from attnmt.errors import UserError
-
-AVERAGE_INFO = "average.json"      # in a folder written by attnmt average: the runs it averages
+from attnmt.run import RunDirectory
 
 
 class ExponentialMovingAverage:
@@ -75,14 +74,13 @@ class ExponentialMovingAverage:
 
 def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -> Path:
     """Write ``out``: ``config.yaml`` and the tokenizers of ``runs[0]``, ``best.safetensors``
-    the mean of the runs' best weights, and :data:`AVERAGE_INFO` (the runs' and the weight
-    files' absolute paths). The runs must share their model (but for dropout), vocabularies
+    the mean of the runs' best weights, and ``average.json`` (the runs' and the weight files'
+    absolute paths). The runs must share their model (but for dropout), vocabularies
     and languages. Written in a temporary folder and renamed into place: an interrupted
     average leaves nothing half-written."""
     from attnmt.checkpoint import average_into, save_weights
     from attnmt.config import save_config
     from attnmt.data.tokenizers import save_tokenizers
-    from attnmt.run import RunDirectory
     from attnmt.translator import check_compatible
 
     runs, out = [Path(run) for run in runs], Path(out)
@@ -109,7 +107,7 @@ def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -
     save_weights(model, temporary / "best.safetensors", {"weights": f"mean of {len(runs)} runs"})
     info = {"runs": [str(run.absolute()) for run in runs],
             "weights": [str(path.absolute()) for path in weights]}
-    (temporary / AVERAGE_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    RunDirectory(temporary).average.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)
     temporary.rename(out)
@@ -139,7 +137,7 @@ def check_destination(runs: list[Path], out: Path, force: bool) -> None:
                             "it; choose another folder")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
-    if not (out / AVERAGE_INFO).is_file():
+    if not RunDirectory(out).average.is_file():
         raise UserError(f"{out} exists and was not written by 'attnmt average' (a training run, "
                         "an export or other files), which an average never replaces; choose "
                         "another folder")

@@ -40,6 +40,9 @@ LOG_COLUMNS = ["step", "epoch", "progress", "loss", "lr", "tokens_per_s", "valid
                "elapsed_s"]
 
 
+AVERAGE_INFO = "average.json"      # in a folder written by attnmt average: the runs it averages
+
+
 def say(message: str) -> None:
     """A progress message on stderr that does not break the progress bar."""
     tqdm.write(message, file=sys.stderr)
@@ -54,6 +57,7 @@ class RunDirectory:
         self.last = self.path / "last.safetensors"
         self.best = self.path / "best.safetensors"
         self.checkpoints = self.path / "checkpoints"
+        self.average = self.path / AVERAGE_INFO          # only in an average of runs
 
     def exists(self) -> bool:
         """Whether training has saved a state to resume from."""
@@ -127,10 +131,8 @@ class RunDirectory:
 def open_run(config: Config, run_dir: str | Path) -> RunDirectory:
     """The run directory, created if needed; an existing one must hold the same experiment,
     and not an average of runs (training there would overwrite its weights)."""
-    from attnmt.averaging import AVERAGE_INFO
-
     run = RunDirectory(run_dir)
-    if (run.path / AVERAGE_INFO).is_file():
+    if run.average.is_file():
         raise UserError(f"{run.path} holds an average of runs (attnmt average), not a training to "
                         f"resume; train into another --run, starting from it with "
                         f"--set train.init_from={run.path}")

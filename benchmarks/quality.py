@@ -307,14 +307,15 @@ def record_ensemble(args) -> None:
 
 def averaged_runs(folder: Path) -> list[Path]:
     """The runs whose weights ``folder`` (written by ``attnmt average``) averages."""
-    from attnmt.averaging import AVERAGE_INFO
     from attnmt.errors import UserError
+    from attnmt.run import RunDirectory
 
+    info = RunDirectory(folder).average
     try:
-        return [Path(run) for run in json.loads((folder / AVERAGE_INFO).read_text())["runs"]]
+        return [Path(run) for run in json.loads(info.read_text())["runs"]]
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{folder} was not written by 'attnmt average' (no readable "
-                        f"{AVERAGE_INFO})") from None
+                        f"{info.name})") from None
 
 
 def write_record(record: dict, path: Path, names: dict) -> None:

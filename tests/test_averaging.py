@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from attnmt.averaging import AVERAGE_INFO, ExponentialMovingAverage, average_runs
+from attnmt.averaging import ExponentialMovingAverage, average_runs
 from attnmt.errors import UserError
 from attnmt.run import RunDirectory
 from attnmt.translator import Translator
@@ -84,7 +84,8 @@ def test_the_average_of_runs_holds_the_mean_of_their_weights_and_translates(two_
     assert sorted(averaged) == sorted(expected)
     for name, tensor in expected.items():
         torch.testing.assert_close(averaged[name], tensor, rtol=0, atol=1e-7)
-    assert json.loads((out / AVERAGE_INFO).read_text())["runs"] == [str(first.absolute()), str(second.absolute())]
+    assert json.loads(RunDirectory(out).average.read_text())["runs"] == [str(first.absolute()),
+                                                                      str(second.absolute())]
     assert Translator.from_run(out).translate(["sieben"], beam=2)[0].best.text
 
 
@@ -95,7 +96,7 @@ def test_an_average_continues_only_as_the_start_of_another_run(two_runs):
     out = average_runs([first, second], folder / "start")
     with pytest.raises(UserError, match=r"holds an average of runs .* train.init_from="):
         train(folder / "tiny.yaml", out, ["train.max_steps=2"])
-    assert json.loads((out / AVERAGE_INFO).read_text())     # untouched
+    assert json.loads(RunDirectory(out).average.read_text())     # untouched
     child = train(folder / "tiny.yaml", folder / "child",
                   ["train.max_steps=2", "train.validate_every=2", f"train.init_from={out}"])
     assert (child / "best.safetensors").is_file()
