@@ -86,10 +86,11 @@ def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -
     runs, out = [Path(run) for run in runs], Path(out)
     if len(runs) < 2:
         raise UserError(f"averaging needs at least two runs, got {len(runs)}")
-    for run in runs:
+    weights = [RunDirectory(run).weights() for run in runs]
+    for run, path in zip(runs, weights):
         if not (run / "config.yaml").is_file():
             raise UserError(f"{run} is not an attnmt run directory (no config.yaml)")
-        if not RunDirectory(run).weights().is_file():
+        if not path.is_file():
             raise UserError(f"{run} holds no PyTorch weights (best or last .safetensors): average "
                             "training runs, not exports")
     check_destination(runs, out, force)
@@ -97,7 +98,6 @@ def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -
     for run in runs[1:]:
         check_compatible(runs[0], config, source_tokenizer, target_tokenizer, run, "average")
         check_same_model(runs[0], config, run)
-    weights = [RunDirectory(run).weights() for run in runs]
     average_into(model, weights)
     temporary = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
