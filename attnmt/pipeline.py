@@ -281,7 +281,6 @@ class Pipeline:
         os.replace(temporary, self.record_path)
         return row
 
-
     def _test_bleu(self, step: Step, log: Path) -> str | None:
         """An evaluate step's scores, written to its ``scores.txt`` from its last run's
         output; ``set BLEU, ...`` for the summary."""

@@ -248,6 +248,7 @@ def test_quality_scores_a_weight_average_as_translating_with_it(tiny_runs, tmp_p
     assert results.schema_errors(record) == []
     assert record["what"] == f"average of runs/{first.name}, runs/sibling"
     averaged = Translator.from_run(soup)
+    assert record["parameters"] == averaged.model.num_parameters()           # one model's
     assert record["test_sets"]["test_2016_flickr"]["bleu"] == number_set_bleu(averaged, "test_2016_flickr")
     assert record["extra"]["valid_bleu_beam5"] == number_set_bleu(averaged, "val")
     assert list(record["extra"]["members_valid_bleu_beam5"]) == [f"runs/{first.name}", "runs/sibling"]
