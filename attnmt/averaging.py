@@ -86,15 +86,15 @@ def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -
     runs, out = [Path(run) for run in runs], Path(out)
     if len(runs) < 2:
         raise UserError(f"averaging needs at least two runs, got {len(runs)}")
-    weights = [RunDirectory(run).weights() for run in runs]
-    for run, path in zip(runs, weights):
-        if not (run / "config.yaml").is_file():
-            raise UserError(f"{run} is not an attnmt run directory (no config.yaml)")
+    directories = [RunDirectory(run) for run in runs]
+    weights = [directory.weights() for directory in directories]
+    for run, directory, path in zip(runs, directories, weights):
+        directory.require_config()
         if not path.is_file():
             raise UserError(f"{run} holds no PyTorch weights (best or last .safetensors): average "
                             "training runs, not exports")
     check_destination(runs, out, force)
-    config, source_tokenizer, target_tokenizer, model = RunDirectory(runs[0]).load_model()
+    config, source_tokenizer, target_tokenizer, model = directories[0].load_model()
     for run in runs[1:]:
         check_compatible(runs[0], config, source_tokenizer, target_tokenizer, run, "average")
         check_same_model(runs[0], config, run)
@@ -119,7 +119,7 @@ def check_same_model(first: Path, config, other: Path) -> None:
     from attnmt.config import load_config
     from attnmt.run import REGULARISATION
 
-    mine, theirs = asdict(config.model), asdict(load_config(other / "config.yaml").model)
+    mine, theirs = asdict(config.model), asdict(load_config(RunDirectory(other).config).model)
     changed = [f"model.{key} {mine[key]!r} and {theirs[key]!r}" for key in mine
                if key not in REGULARISATION and mine[key] != theirs[key]]
     if changed:

@@ -40,9 +40,6 @@ LOG_COLUMNS = ["step", "epoch", "progress", "loss", "lr", "tokens_per_s", "valid
                "elapsed_s"]
 
 
-AVERAGE_INFO = "average.json"      # in a folder written by attnmt average: the runs it averages
-
-
 def say(message: str) -> None:
     """A progress message on stderr that does not break the progress bar."""
     tqdm.write(message, file=sys.stderr)
@@ -57,7 +54,7 @@ class RunDirectory:
         self.last = self.path / "last.safetensors"
         self.best = self.path / "best.safetensors"
         self.checkpoints = self.path / "checkpoints"
-        self.average = self.path / AVERAGE_INFO          # only in an average of runs
+        self.average = self.path / "average.json"      # only in an average of runs
 
     def exists(self) -> bool:
         """Whether training has saved a state to resume from."""
@@ -81,13 +78,17 @@ class RunDirectory:
         from attnmt.checkpoint import load_weights
         from attnmt.model import build_model
 
-        if not self.config.is_file():
-            raise UserError(f"{self.path} is not an attnmt run directory (no config.yaml)")
+        self.require_config()
         config = load_config(self.config)
         source_tokenizer, target_tokenizer = load_tokenizers(self.path)
         model = build_model(config.model, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
         load_weights(model, self.weights(checkpoint))
         return config, source_tokenizer, target_tokenizer, model
+
+    def require_config(self) -> None:
+        """Raise UserError unless the directory holds a run's ``config.yaml``."""
+        if not self.config.is_file():
+            raise UserError(f"{self.path} is not an attnmt run directory (no config.yaml)")
 
     def weights(self, checkpoint: str = "best") -> Path:
         """``best`` (``last`` until a validation improved), ``last``, or a file path."""

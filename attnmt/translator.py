@@ -26,6 +26,7 @@ from attnmt.data.batching import source_batches
 from attnmt.data.tokenizers import load_tokenizers
 from attnmt.decoding import Hypothesis, Sampling, SearchOptions
 from attnmt.errors import UserError
+from attnmt.run import RunDirectory
 
 ENGINES = ("auto", "torch", "ctranslate2")
 
@@ -106,8 +107,7 @@ class Translator:
         if not paths:
             raise UserError("no run to translate with")
         for path in paths:
-            if not (Path(path) / "config.yaml").is_file():
-                raise UserError(f"{path} is not an attnmt run directory (no config.yaml)")
+            RunDirectory(path).require_config()
         if engine == "auto":
             engine = "ctranslate2" if len(paths) == 1 and is_exported(paths[0]) else "torch"
         config = load_config(Path(paths[0]) / "config.yaml")
