@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from attnmt.errors import UserError
-from attnmt.run import RunDirectory
+from attnmt.run import RunDirectory, refuse_destination_holding
 
 
 class ExponentialMovingAverage:
@@ -130,11 +130,8 @@ def check_same_model(first: Path, config, other: Path) -> None:
 def check_destination(runs: list[Path], out: Path, force: bool) -> None:
     """``out`` is absent, empty, or (with ``force``) an earlier average; never a run being
     averaged or a folder holding one, never a training run or an export."""
-    target = out.resolve()
     for run in runs:
-        if target == run.resolve() or target in run.resolve().parents:
-            raise UserError(f"{out} holds the run {run}: writing the average there would destroy "
-                            "it; choose another folder")
+        refuse_destination_holding(out, run, "writing the average")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     if not RunDirectory(out).average.is_file():

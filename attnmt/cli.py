@@ -643,9 +643,11 @@ def write_alpha(run: Path, config, alpha: float) -> None:
     from dataclasses import replace
 
     from attnmt.config import save_config
+    from attnmt.run import RunDirectory
 
-    save_config(replace(config, decode=replace(config.decode, alpha=alpha)), run / "config.yaml")
-    print(f"decode.alpha {alpha} written to {run / 'config.yaml'}")
+    path = RunDirectory(run).config
+    save_config(replace(config, decode=replace(config.decode, alpha=alpha)), path)
+    print(f"decode.alpha {alpha} written to {path}")
 
 
 def highest_bleu(rows: list, name: str) -> tuple:

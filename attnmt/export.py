@@ -31,7 +31,7 @@ import torch
 from attnmt.ctranslate2_engine import EXPORT_INFO, QUANTIZATIONS, require_ctranslate2
 from attnmt.errors import UserError
 from attnmt.model import Seq2Seq
-from attnmt.run import RunDirectory
+from attnmt.run import RunDirectory, refuse_destination_holding
 
 
 def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
@@ -64,10 +64,8 @@ def check_destination(run: Path, out: Path, force: bool) -> None:
     """``out`` may be written: never the run, a folder holding it, another training run or
     a folder of the run that is not an export; anything else not empty only with
     ``force``. One line otherwise, before anything is written."""
+    refuse_destination_holding(out, run, "exporting")
     run, target = run.resolve(), out.resolve()
-    if target == run or target in run.parents:
-        raise UserError(f"{out} holds the run {run}: exporting there would destroy the run; "
-                        "choose another folder")
     if not out.exists() or not any(out.iterdir()):
         return
     exported = (out / "model.bin").is_file()

@@ -143,6 +143,14 @@ def open_run(config: Config, run_dir: str | Path) -> RunDirectory:
     return run
 
 
+def refuse_destination_holding(out: Path, run: Path, writing: str) -> None:
+    """One line, before anything is written, where ``out`` is ``run`` or a folder holding it:
+    ``writing`` (e.g. "exporting") there would destroy the run."""
+    if out.resolve() == run.resolve() or out.resolve() in run.resolve().parents:
+        raise UserError(f"{out} holds the run {run}: {writing} there would destroy it; choose "
+                        "another folder")
+
+
 def default_run_dir(config_path: str | Path) -> Path:
     return Path("runs") / Path(config_path).stem
 
@@ -208,17 +216,18 @@ def inherit(config: Config, run_dir: str | Path | None = None) -> Config:
         raise UserError(f"train.init_from ({init}) and data.tokenizer_from ({shared}) name "
                         "different runs: a fine-tuned model keeps the tokenizers of its weights")
     key, source = ("train.init_from", Path(init)) if init else ("data.tokenizer_from", Path(shared))
-    saved = Path(run_dir) / "config.yaml" if run_dir is not None else None
+    saved = RunDirectory(run_dir).config if run_dir is not None else None
     if saved is not None and saved.is_file():
         before = load_config(saved).data
         if before.tokenizer_from and Path(before.tokenizer_from).resolve() == source.resolve():
             return replace(config, data=replace(
                 config.data, tokenizer_from=before.tokenizer_from,
                 **{name: getattr(before, name) for name in TOKENIZER_SETTINGS}))
-    if not (source / "config.yaml").is_file() or not (source / TOKENIZER_FILE).is_file():
+    origin = RunDirectory(source)
+    if not origin.config.is_file() or not (source / TOKENIZER_FILE).is_file():
         raise UserError(f"{key}: {source} is not an attnmt run directory (no config.yaml and "
                         f"{TOKENIZER_FILE})")
-    theirs = load_config(source / "config.yaml")
+    theirs = load_config(origin.config)
     pair, their_pair = (config.data.src_lang, config.data.tgt_lang), \
         (theirs.data.src_lang, theirs.data.tgt_lang)
     if pair != their_pair:
@@ -236,7 +245,7 @@ def inherit(config: Config, run_dir: str | Path | None = None) -> Config:
             if name not in REGULARISATION and before[name] != value:
                 raise UserError(f"train.init_from: {source} has model.{name} {before[name]!r}, "
                                 f"this config {value!r}; fine-tuning keeps the architecture")
-        weights = RunDirectory(source).weights(config.train.init_checkpoint)
+        weights = origin.weights(config.train.init_checkpoint)
         if not weights.is_file():
             raise UserError(f"train.init_from: {weights} not found (train.init_checkpoint: "
                             "best, last or a checkpoint file)")

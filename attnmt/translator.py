@@ -106,11 +106,12 @@ class Translator:
             raise UserError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
         if not paths:
             raise UserError("no run to translate with")
-        for path in paths:
-            RunDirectory(path).require_config()
+        runs = [RunDirectory(path) for path in paths]
+        for run in runs:
+            run.require_config()
         if engine == "auto":
             engine = "ctranslate2" if len(paths) == 1 and is_exported(paths[0]) else "torch"
-        config = load_config(Path(paths[0]) / "config.yaml")
+        config = load_config(runs[0].config)
         source_tokenizer, target_tokenizer = load_tokenizers(Path(paths[0]))
         if engine == "ctranslate2":
             if len(paths) > 1:
@@ -272,7 +273,7 @@ def check_compatible(first: str | Path, config: Config, source_tokenizer, target
                      other: str | Path, verb: str = "ensemble") -> None:
     """Runs to ensemble (or average) must read and write the same pieces with the same ids,
     in the same languages: one line naming the difference otherwise."""
-    other_config = load_config(Path(other) / "config.yaml")
+    other_config = load_config(RunDirectory(other).config)
     mine, theirs = config.data, other_config.data
     if (mine.src_lang, mine.target_langs) != (theirs.src_lang, theirs.target_langs):
         raise UserError(f"cannot {verb} {first} ({mine.src_lang}->{','.join(mine.target_langs)}) "
