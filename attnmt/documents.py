@@ -4,22 +4,32 @@ A model translates one sentence at a time. :func:`split_sentences` cuts a text i
 sentences with Koehn and Schroeder's rules (the splitter of Moses, per language, from
 the ``sentence-splitter`` package) and keeps what lies between them (spaces, line
 breaks, blank lines), so that :func:`join_sentences` puts the translations back in the
-same layout. :func:`html_text_nodes` and :func:`replace_text_nodes` do the same for the
-text of an HTML document (parsed by Beautiful Soup), leaving its tags, attributes,
-comments and the contents of ``<script>``, ``<style>``, ``<code>`` and ``<pre>`` alone.
+same layout. :func:`parse_html` finds the text of an HTML document to translate (Python's
+HTML parser, each text run located in the source) and :meth:`HtmlDocument.rebuild` writes
+the translations into the source in place, so everything else (tags, attributes,
+comments, declarations, the contents of ``<script>``, ``<style>``, ``<code>``, ``<pre>``,
+``<textarea>`` and ``<template>``) comes back byte for byte.
+
+Both take time linear in the text's length: the splitter's rules look at each word's
+first and last characters, and a word is handed to it shortened to those (the splitter
+is quadratic in a word's length); the HTML parser reads each construct once, and a
+document that ends inside a tag, comment or declaration (where Python's parser would go
+back over the rest once per ``<``) is refused as :class:`MalformedHtml`.
 """
 from __future__ import annotations
 
+import collections
 import functools
+import html
+import html.parser
 import re
+from dataclasses import dataclass
 
-from bs4 import BeautifulSoup, NavigableString
-from bs4.dammit import EntitySubstitution
-from bs4.element import PreformattedString
-from bs4.formatter import HTMLFormatter
 from sentence_splitter import SentenceSplitter, SentenceSplitterException
 
 LEFT_ALONE = frozenset({"script", "style", "code", "pre", "textarea", "template"})
+WORD_END = 24      # characters of a word's start and end the splitter sees (its longest
+                   # non-breaking prefix has 11; its rules read no further into a word)
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,19 +42,30 @@ def _splitter(lang: str) -> SentenceSplitter:
         return SentenceSplitter(language="en")
 
 
-def _spans(line: str, sentences: list[str]) -> list[tuple[int, int]]:
-    """Where each sentence lies in ``line``. The splitter returns the sentences with their
-    runs of spaces collapsed, so each is found by its non-space characters, in order."""
-    spans, position = [], 0
-    for sentence in sentences:
-        wanted = len(re.sub(r"\s", "", sentence))
-        while position < len(line) and line[position].isspace():
-            position += 1
-        start = position
-        while wanted and position < len(line):
-            wanted -= not line[position].isspace()
-            position += 1
-        spans.append((start, position))
+def _as_seen_by_the_splitter(word: str) -> str:
+    """``word`` (no spaces) as the splitter is given it: whitespace that is not a space
+    made visible (the splitter would break or strip there), and a long word cut to its
+    first and last :data:`WORD_END` characters around a character no rule matches."""
+    word = re.sub(r"\s", "\x7f", word)
+    if len(word) > 2 * WORD_END + 1:
+        word = word[:WORD_END] + "\x7f" + word[-WORD_END:]
+    return word
+
+
+def _split_line(line: str, lang: str) -> list[tuple[int, int]]:
+    """The ``(start, end)`` of each sentence of ``line`` (no line breaks): the splitter
+    breaks only between words (runs without spaces), so each of its sentences is a run of
+    whole words, found by counting them."""
+    words = [match.span() for match in re.finditer(r"[^ ]+", line)]
+    if not words:
+        return []
+    shown = " ".join(_as_seen_by_the_splitter(line[start:end]) for start, end in words)
+    spans, first = [], 0
+    for sentence in _splitter(lang).split(shown):
+        count = len(sentence.split(" "))
+        spans.append((words[first][0], words[first + count - 1][1]))
+        first += count
+    assert first == len(words), "the splitter lost or invented a word"
     return spans
 
 
@@ -54,11 +75,11 @@ def split_sentences(text: str, lang: str) -> tuple[list[str], list[str]]:
     two sentences; a line never joins the next (a paragraph's line breaks are kept)."""
     sentences, gaps, start = [], [], 0
     for line in re.finditer(r"[^\n]+", text):
-        found = [s for s in _splitter(lang).split(line.group()) if s.strip()]
-        for begin, end in _spans(line.group(), found):
-            gaps.append(text[start:line.start() + begin])
-            sentences.append(text[line.start() + begin:line.start() + end])
-            start = line.start() + end
+        for begin, end in _split_line(line.group(), lang):
+            if text[line.start() + begin:line.start() + end].strip():
+                gaps.append(text[start:line.start() + begin])
+                sentences.append(text[line.start() + begin:line.start() + end])
+                start = line.start() + end
     gaps.append(text[start:])
     return sentences, gaps
 
@@ -69,34 +90,92 @@ def join_sentences(translations: list[str], gaps: list[str]) -> str:
     return "".join(gap + sentence for gap, sentence in zip(gaps, translations)) + gaps[-1]
 
 
-class _AsWritten(HTMLFormatter):
-    """Beautiful Soup's minimal escaping (``&``, ``<``, ``>``), void elements written as
-    HTML writes them (``<br>``), attributes in the document's order (not sorted)."""
-
-    def __init__(self):
-        super().__init__(entity_substitution=EntitySubstitution.substitute_xml,
-                         void_element_close_prefix="")
-
-    def attributes(self, tag):
-        return list(tag.attrs.items())
+class MalformedHtml(ValueError):
+    """A document this module will not rebuild, with the reason."""
 
 
-def parse_html(html: str) -> BeautifulSoup:
-    return BeautifulSoup(html, "html.parser")
+@dataclass(frozen=True)
+class HtmlDocument:
+    """An HTML document and the runs of its text to translate: ``spans[i]`` is where the
+    ``i``-th run lies in ``source`` and ``texts[i]`` its text, character references read."""
+    source: str
+    spans: list[tuple[int, int]]
+    texts: list[str]
+
+    def rebuild(self, translations: list[str]) -> str:
+        """The source with each run replaced by its translation (``&``, ``<`` and ``>``
+        escaped); every other character as it was."""
+        pieces, position = [], 0
+        for (start, end), translation in zip(self.spans, translations, strict=True):
+            pieces += [self.source[position:start], html.escape(translation, quote=False)]
+            position = end
+        pieces.append(self.source[position:])
+        return "".join(pieces)
 
 
-def html_text_nodes(document: BeautifulSoup) -> list[NavigableString]:
-    """The text nodes of ``document`` to translate: not comments, declarations or CDATA, not
-    inside a tag whose content is code or data (:data:`LEFT_ALONE`), not blank."""
-    return [node for node in document.find_all(string=True)
-            if not isinstance(node, PreformattedString) and node.strip()
-            and not any(parent.name in LEFT_ALONE for parent in node.parents)]
+class _TextFinder(html.parser.HTMLParser):
+    """Python's HTML parser, noting where each run of text outside :data:`LEFT_ALONE`
+    elements starts and ends in the source (the start of the next construct)."""
+
+    def __init__(self, source: str):
+        super().__init__(convert_charrefs=True)
+        self.source = source
+        self.line_starts = [0] + [match.end() for match in re.finditer("\n", source)]
+        self.open_left_alone: collections.Counter = collections.Counter()
+        self.spans: list[tuple[int, int]] = []
+        self.run_start: int | None = None          # the text run being read, if any
+
+    def here(self) -> int:
+        line, column = self.getpos()
+        return self.line_starts[line - 1] + column
+
+    def end_run(self, end: int) -> None:
+        if self.run_start is not None and self.source[self.run_start:end].strip():
+            self.spans.append((self.run_start, end))
+        self.run_start = None
+
+    def handle_data(self, data):
+        if self.cdata_elem == "script" and "<!--" in data and "<script" in data.lower():
+            raise MalformedHtml("a <script> whose content opens a comment and another "
+                                "<script> (browsers end it elsewhere than this parser)")
+        if self.run_start is None and not any(self.open_left_alone.values()):
+            self.run_start = self.here()
+
+    def handle_starttag(self, tag, attrs):
+        self.end_run(self.here())
+        if tag in LEFT_ALONE:
+            self.open_left_alone[tag] += 1
+
+    def handle_endtag(self, tag):
+        self.end_run(self.here())
+        if self.open_left_alone[tag]:
+            self.open_left_alone[tag] -= 1
+
+    def handle_startendtag(self, tag, attrs):
+        self.end_run(self.here())
+
+    def handle_comment(self, data):
+        self.end_run(self.here())
+
+    handle_decl = handle_pi = unknown_decl = handle_comment
 
 
-def replace_text_nodes(document: BeautifulSoup, nodes: list[NavigableString],
-                       texts: list[str]) -> str:
-    """The document with each node's text replaced, serialised (``&``, ``<`` and ``>`` in
-    text escaped again; other character references come back as the characters)."""
-    for node, text in zip(nodes, texts, strict=True):
-        node.replace_with(NavigableString(text))
-    return document.decode(formatter=_AsWritten())
+def parse_html(source: str) -> HtmlDocument:
+    """The runs of text of ``source`` to translate (not blank, not in :data:`LEFT_ALONE`
+    elements); :class:`MalformedHtml` for a document that ends inside a tag, comment or
+    declaration, or that Python's parser rejects."""
+    finder = _TextFinder(source)
+    try:
+        finder.feed(source)
+        rest = finder.rawdata
+        if rest.startswith("<") and not finder.cdata_elem:
+            raise MalformedHtml(f"the tag, comment or declaration at character "
+                                f"{len(source) - len(rest)} is never closed with '>'")
+        if not finder.cdata_elem:                   # text held back for a character reference
+            finder.close()
+            rest = ""
+    except AssertionError as error:                 # how Python's parser rejects markup
+        raise MalformedHtml(str(error)) from None
+    finder.end_run(len(source) - len(rest))
+    return HtmlDocument(source, finder.spans,
+                        [html.unescape(source[start:end]) for start, end in finder.spans])

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 
 from attnmt.errors import UserError
 
@@ -35,6 +37,7 @@ LANGUAGE_NAMES = {
     "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
 }
 FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")
+MAX_FORM_FIELDS = 100
 
 
 class ApiError(Exception):
@@ -53,6 +56,29 @@ def valid_unicode(text: str) -> str:
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode (it holds a lone UTF-16 surrogate)") from None
     return text
+
+
+MAX_INTEGER_DIGITS = 32      # no field needs more; Python refuses over 4,300, after the work
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INTEGER_DIGITS})")
+    return int(digits)
+
+
+def read_json(body: bytes) -> object:
+    """A JSON body, its integers bounded in size (each checked before it is converted) and its
+    nesting by the parser's own recursion limit (a RecursionError, at depth 1000, in linear
+    time); ValueError naming what is wrong. An empty body is an empty object."""
+    if not body.strip():
+        return {}
+    try:
+        return json.loads(body, parse_int=_bounded_int)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"JSON decode error ({error})") from None
 
 
 class LibreRequest(BaseModel):
@@ -92,20 +118,20 @@ async def parameters(request, parsed: object = None) -> dict:
     try:
         if content_type.startswith("application/x-www-form-urlencoded"):
             body = (await request.body()).decode("utf-8")
-            found.update(urllib.parse.parse_qsl(body, keep_blank_values=True,
-                                                  errors="strict"))
+            found.update(urllib.parse.parse_qsl(body, keep_blank_values=True, errors="strict",
+                                                  max_num_fields=MAX_FORM_FIELDS))
         elif content_type.startswith("multipart/form-data"):
-            form = await request.form()
+            form = await request.form(max_files=0, max_fields=MAX_FORM_FIELDS)
             found.update({key: value for key, value in form.items() if isinstance(value, str)})
         else:
             if parsed is None:
-                raw = await request.body()
-                parsed = json.loads(raw) if raw.strip() else {}
+                parsed = read_json(await request.body())
             if not isinstance(parsed, dict):
                 raise ApiError(400, "Invalid request: the body must be a JSON object")
             found.update(parsed)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ApiError(400, f"Invalid request: the body cannot be read ({error})") from None
+    except (ValueError, HTTPException, MultiPartException) as error:
+        detail = getattr(error, "detail", None) or error  # Starlette's form errors say it there
+        raise ApiError(400, f"Invalid request: the body cannot be read ({detail})") from None
     return found
 
 
@@ -249,6 +275,8 @@ class ApiKeys:
     def admit(self, key: str | None, now: float | None = None) -> None:
         """403 for a missing or unknown key; 429 with the seconds to wait when the key has
         made its requests of the last minute."""
+        if key is not None and not isinstance(key, str):
+            raise ApiError(400, "Invalid request: api_key must be a string")
         if not key:
             raise ApiError(403, "Please provide an API key (api_key)")
         if key not in self.per_minute:

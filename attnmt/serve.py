@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable
 from importlib import resources
@@ -57,6 +58,10 @@ class Limits:
     max_queue_work: int = 32000    # work accepted and not yet answered, over all requests
     max_response_values: int = 500_000          # per request: numbers and tokens it may return
     max_queue_response_values: int = 2_000_000  # the same, accepted and not yet answered
+    max_html_tags: int = 10_000    # '<' per HTML document, counted before it is parsed
+    body_timeout: float = 10.0     # seconds a request body may take to arrive
+    max_connections: int = 1000    # requests in progress (bodies arriving, or answered)
+    max_inflight_body_bytes: int = 64 << 20     # declared sizes of the bodies arriving
 
 
 class SampleRequest(BaseModel):
@@ -199,7 +204,8 @@ def check_cost(cost: Cost, limits: Limits) -> None:
         remedy = {"hypotheses": "ask for a smaller n_best or send fewer or shorter texts",
                   "attention": "leave out attention, ask for a smaller n_best or send shorter texts",
                   "self_attention": "leave out self_attention or send shorter texts",
-                  "search_steps": "leave out trace, or use a smaller beam or shorter texts"}[largest]
+                  "search_steps": "leave out trace, or use a smaller beam or shorter texts",
+                  "documents": "send less text or ask for fewer alternatives"}[largest]
         described = ", ".join(f"{part} {count}" for part, count in cost.parts.items() if count)
         raise LimitError(413, f"the response could carry {cost.values} values ({described}) > "
                               f"max_response_values {limits.max_response_values}; {remedy}")
@@ -345,7 +351,7 @@ def read_translate_request(parsed: object, unreadable: Exception | None) -> Tran
     """attnmt's own request from its parsed JSON body, or the error that parsing raised
     (422 naming the field at fault)."""
     if unreadable is not None:
-        raise LimitError(422, f"invalid request: body: JSON decode error ({unreadable})")
+        raise LimitError(422, f"invalid request: body: {unreadable}")
     try:
         return TranslateRequest.model_validate(parsed)
     except ValidationError as error:
@@ -508,7 +514,8 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     waiting = {"work": 0, "values": 0}             # accepted and not yet answered, all models
     renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one large response at a time
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
-    libre_api = LibreTranslateApi(models, limits, waiting, renderer)
+    documents_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # parse, split, encode
+    libre_api = LibreTranslateApi(models, limits, waiting, documents_pool)
     clients = libre.RateWindow()
 
     def admit_client(request: Request) -> None:
@@ -544,27 +551,26 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             if api_keys is not None:
                 api_keys.admit(found.get("api_key"))
             return await libre_api.detect(found)
-        except libre.ApiError as error:
-            return _error(error.status, error.message, error.retry_after)
+        except Exception as error:
+            return error_response(error, libre_shape=True)
 
     @app.post("/translate")
     async def translate(request: Request):
         try:
             admit_client(request)
-        except libre.ApiError as error:
-            return _error(error.status, error.message, error.retry_after)
-        body = await request.body()
-        try:                                           # the body is parsed once, for both shapes
-            parsed, unreadable = (json.loads(body) if body.strip() else {}), None
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            parsed, unreadable = None, error
+            try:                                       # the body is parsed once, for both shapes
+                parsed, unreadable = libre.read_json(await request.body()), None
+            except ValueError as error:
+                parsed, unreadable = None, error
+        except Exception as error:
+            return error_response(error, libre_shape=True)
         if libre.is_libretranslate(request.headers.get("content-type", ""),
                                    request.query_params, parsed):
             return await translate_libre(request, parsed)
         try:
             translation_request = read_translate_request(parsed, unreadable)
             if api_keys is not None:
-                _admit(translation_request.api_key)
+                api_keys.admit(translation_request.api_key)
             model = models.get(translation_request.model or default.name)
             if model is None:
                 raise LimitError(422, f"model: unknown model {translation_request.model!r}; "
@@ -575,20 +581,9 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             check_cost(cost, limits)
             with reserved(waiting, cost, limits):
                 body = await _translate(model, texts, options)
-        except LimitError as error:
-            return error.response()
-        except UserError as error:
-            return JSONResponse({"error": str(error)}, status_code=422)
-        except Exception:
-            logger.exception("translation failed")
-            return JSONResponse({"error": "internal error while translating"}, status_code=500)
+        except Exception as error:
+            return error_response(error, libre_shape=False)
         return Response(body, media_type="application/json")
-
-    def _admit(key: str | None) -> None:
-        try:
-            api_keys.admit(key)
-        except libre.ApiError as error:
-            raise LimitError(error.status, error.message, error.retry_after) from None
 
     async def translate_libre(request: Request, parsed: object):
         try:
@@ -596,16 +591,8 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             if api_keys is not None:
                 api_keys.admit(found.get("api_key"))
             return await libre_api.translate(libre.read_request(found))
-        except libre.ApiError as error:
-            return _error(error.status, error.message, error.retry_after)
-        except LimitError as error:         # LibreTranslate answers 400 to a request at fault
-            return _error(400 if error.status in (413, 422) else error.status, error.message,
-                          error.retry_after)
-        except UserError as error:
-            return _error(400, str(error))
-        except Exception:
-            logger.exception("translation failed")
-            return _error(500, "internal error while translating")
+        except Exception as error:
+            return error_response(error, libre_shape=True)
 
     async def _translate(model: Served, texts: list[str], options: Options) -> bytes:
         """The response body, rendered off the event loop."""
@@ -623,11 +610,23 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     return app
 
 
-def _error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
-    return LimitError(status, message, retry_after).response()
+def error_response(error: Exception, libre_shape: bool) -> JSONResponse:
+    """The one answer to every error of a request, ``{"error": message}``: a limit's or a
+    LibreTranslate error's own status (LibreTranslate answers 400 where attnmt says 413 or
+    422: ``libre_shape``), 422 (400) for what the user can change, and 500 otherwise."""
+    if isinstance(error, libre.ApiError):
+        error = LimitError(error.status, error.message, error.retry_after)
+    elif isinstance(error, UserError):
+        error = LimitError(422, str(error))
+    elif not isinstance(error, LimitError):
+        logger.error("translation failed", exc_info=error)
+        error = LimitError(500, "internal error while translating")
+    if libre_shape and error.status in (413, 422):
+        error = LimitError(400, error.message, error.retry_after)
+    return error.response()
 
 
-SPLIT_ON_THE_LOOP = 2000     # characters: a longer LibreTranslate request is split in a thread
+ON_THE_LOOP = 2000     # characters: a longer LibreTranslate request is prepared in a thread
 
 
 @dataclass
@@ -640,15 +639,31 @@ class _Text:
     detected: dict | None = None
 
 
+def check_splittable(texts: list[str], most_sentences: int, limits: Limits) -> None:
+    """413 before splitting when ``texts`` hold more than ``most_sentences`` sentences of up
+    to ``max_chars`` could: more non-space characters, or more lines with text (a line break
+    ends a sentence). Splitting is linear, and this bounds its length."""
+    characters = sum(len(text) - sum(map(len, re.findall(r"\s+", text))) for text in texts)
+    lines = sum(1 for text in texts for line in text.split("\n") if line.strip())
+    if characters > most_sentences * limits.max_chars or lines > most_sentences:
+        raise LimitError(413, f"the text has {characters} characters on {lines} lines; the work "
+                              f"budget holds at most {most_sentences} sentences (max_work "
+                              f"{limits.max_work}) of up to max_chars {limits.max_chars}; send "
+                              "less text")
+
+
 class LibreTranslateApi:
     """LibreTranslate's ``/translate`` and ``/detect`` over the served models: the pair picks
     the model, texts are cut into sentences, and the sentences of a request are decoded as one
     batch under the server's limits (each sentence up to ``max_chars``; the work and response
-    budgets, and what is waiting, for the whole request)."""
+    budgets, and what is waiting, for the whole request, its documents counted by their size
+    in the response budget, once per alternative). Long documents are parsed, split, rebuilt
+    and encoded in ``documents``, a thread of their own, never on the event loop."""
 
     def __init__(self, models: dict[str, Served], limits: Limits, waiting: dict,
-                 splitter: concurrent.futures.Executor):
-        self.models, self.limits, self.waiting, self.splitter = models, limits, waiting, splitter
+                 documents_pool: concurrent.futures.Executor):
+        self.models, self.limits, self.waiting = models, limits, waiting
+        self.documents_pool = documents_pool
         self.pairs = libre.language_pairs({name: m.translator for name, m in models.items()})
         self.detector: libre.LanguageDetector | None = None
 
@@ -685,34 +700,51 @@ class LibreTranslateApi:
         lang, confidence = ranked[0]
         return self.pairs[lang, target], {"confidence": confidence, "language": lang}
 
-    def prepare(self, text: str, request: libre.LibreRequest) -> _Text:
-        """Cut ``text`` into sentences and choose its model."""
+    def most_sentences(self, n_best: int) -> int:
+        """The most sentences of at least one token a request's work budget can hold, on the
+        served model where a sentence costs least."""
+        least = min(max(m.default_beam, n_best) * m.translator.search_options().output_limit(1)
+                    for m in self.models.values())
+        return self.limits.max_work // least
+
+    def prepare(self, texts: list[str], request: libre.LibreRequest, n_best: int) -> list[_Text]:
+        """Each text cut into sentences with its model chosen; every bound checked before the
+        work it bounds (the tags counted before parsing, the text before splitting)."""
         if request.format == "text":
-            route, detected = self.route(request.source, request.target, text)
+            runs = [[text] for text in texts]
+        else:
+            parsed = []
+            for number, text in enumerate(texts, start=1):
+                if text.count("<") > self.limits.max_html_tags:
+                    raise LimitError(413, f"text {number} has {text.count('<')} tags > "
+                                          f"max_html_tags {self.limits.max_html_tags}")
+                try:
+                    parsed.append(documents.parse_html(text))
+                except documents.MalformedHtml as error:
+                    raise libre.ApiError(400, f"Invalid request: text {number} is HTML this "
+                                              f"server cannot rebuild: {error}") from None
+            runs = [document.texts for document in parsed]
+        check_splittable([run for text in runs for run in text], self.most_sentences(n_best),
+                         self.limits)
+        prepared = []
+        for index, text_runs in enumerate(runs):
+            route, detected = self.route(request.source, request.target, " ".join(text_runs))
             language = detected["language"] if detected else request.source
-            sentences, gaps = documents.split_sentences(text, language)
-            return _Text(route, sentences, lambda out: documents.join_sentences(out, gaps),
-                         detected)
-        nodes = documents.html_text_nodes(documents.parse_html(text))
-        route, detected = self.route(request.source, request.target,
-                                     " ".join(str(node) for node in nodes))
-        language = detected["language"] if detected else request.source
-        split = [documents.split_sentences(str(node), language) for node in nodes]
+            split = [documents.split_sentences(run, language) for run in text_runs]
 
-        def rebuild(out: list[str]) -> str:
-            document = documents.parse_html(text)
-            translated, start = [], 0
-            for sentences, gaps in split:
-                translated.append(documents.join_sentences(out[start:start + len(sentences)],
-                                                           gaps))
-                start += len(sentences)
-            return documents.replace_text_nodes(document, documents.html_text_nodes(document),
-                                                translated)
+            def rebuild(out: list[str], split=split, document=None if request.format == "text"
+                        else parsed[index]) -> str:
+                joined, start = [], 0
+                for sentences, gaps in split:
+                    joined.append(documents.join_sentences(out[start:start + len(sentences)], gaps))
+                    start += len(sentences)
+                return joined[0] if document is None else document.rebuild(joined)
 
-        return _Text(route, [s for sentences, _ in split for s in sentences], rebuild, detected)
+            prepared.append(_Text(route, [s for sentences, _ in split for s in sentences],
+                                  rebuild, detected))
+        return prepared
 
-    async def translate(self, request: libre.LibreRequest) -> JSONResponse:
-        loop = asyncio.get_running_loop()
+    async def translate(self, request: libre.LibreRequest) -> Response:
         texts = [request.q] if isinstance(request.q, str) else request.q
         if len(texts) > self.limits.max_texts:
             raise LimitError(413, f"too many texts: {len(texts)} > max_texts {self.limits.max_texts}")
@@ -720,30 +752,44 @@ class LibreTranslateApi:
         most = min(self.limits.max_beam, self.limits.max_n_best)
         if n_best > most:
             raise libre.ApiError(400, f"Invalid request: alternatives must be at most {most - 1}")
+        size = sum(map(len, texts)) * n_best                 # what the answer re-emits
+        if size > self.limits.max_response_values:
+            raise LimitError(413, f"the texts have {sum(map(len, texts))} characters, "
+                                  f"{size} with alternatives > max_response_values "
+                                  f"{self.limits.max_response_values}; send less text or ask "
+                                  "for fewer alternatives")
+        loop = asyncio.get_running_loop()
 
         async def off_the_loop(work):
-            """Long documents are split and rebuilt in a thread of their own, so that /health
-            answers meanwhile; a few sentences cost less than the hand-over."""
-            if sum(map(len, texts)) <= SPLIT_ON_THE_LOOP:
+            """Long documents are handled in a thread of their own, so that /health and short
+            requests answer meanwhile; a few sentences cost less than the hand-over."""
+            if sum(map(len, texts)) <= ON_THE_LOOP:
                 return work()
-            return await loop.run_in_executor(self.splitter, work)
+            return await loop.run_in_executor(self.documents_pool, work)
 
-        prepared = await off_the_loop(lambda: [self.prepare(text, request) for text in texts])
-        outputs = await self._decode(prepared, n_best)
-        results = await off_the_loop(lambda: [self._describe(text, out, request.alternatives)
-                                              for text, out in zip(prepared, outputs)])
-        if isinstance(request.q, str):
-            return JSONResponse(results[0])
-        merged = {key: [result[key] for result in results] for key in results[0]} if results \
-            else {"translatedText": []}
-        return JSONResponse(merged)
+        prepared = await off_the_loop(lambda: self.prepare(texts, request, n_best))
+        outputs = await self._decode(prepared, n_best, size)
 
-    async def _decode(self, prepared: list[_Text], n_best: int) -> list[list[Translation]]:
-        """Each text's sentences translated: one batch per model, under the server's limits."""
+        def answer() -> bytes:
+            results = [self._describe(text, out, request.alternatives)
+                       for text, out in zip(prepared, outputs)]
+            if isinstance(request.q, str):
+                body = results[0]
+            else:
+                body = {key: [result[key] for result in results] for key in results[0]} \
+                    if results else {"translatedText": []}
+            return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+        return Response(await off_the_loop(answer), media_type="application/json")
+
+    async def _decode(self, prepared: list[_Text], n_best: int,
+                      size: int) -> list[list[Translation]]:
+        """Each text's sentences translated, one batch per model; the costs of all the
+        request's batches and its documents' ``size`` checked and reserved together."""
         by_route: dict[libre.Route, list[str]] = {}
         for text in prepared:
             by_route.setdefault(text.route, []).extend(text.sentences)
-        decoded = {}
+        batches = []
         for route, sentences in by_route.items():
             model = self.models[route.model]
             for number, sentence in enumerate(sentences, start=1):
@@ -752,9 +798,17 @@ class LibreTranslateApi:
                                           f"max_chars {self.limits.max_chars}")
             options = Options(max(model.default_beam, n_best), n_best, None, False,
                               target_lang=route.target_lang)
-            cost = request_cost(model.translator, sentences, options)
-            check_cost(cost, self.limits)
-            with reserved(self.waiting, cost, self.limits):
+            batches.append((route, model, sentences, options,
+                            request_cost(model.translator, sentences, options)))
+        parts = {"documents": size}
+        for *_, cost in batches:
+            parts = {key: parts.get(key, 0) + cost.parts.get(key, 0)
+                     for key in {**parts, **cost.parts}}
+        total = Cost(sum(cost.work for *_, cost in batches), parts)
+        check_cost(total, self.limits)
+        decoded = {}
+        with reserved(self.waiting, total, self.limits):
+            for route, model, sentences, options, _ in batches:
                 decoded[route] = iter(await model.translate(sentences, options)
                                       if sentences else [])
         return [[next(decoded[text.route]) for _ in text.sentences] for text in prepared]

@@ -6,7 +6,7 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from attnmt.documents import html_text_nodes, join_sentences, parse_html, split_sentences
+from attnmt.documents import join_sentences, parse_html, split_sentences
 from attnmt.errors import UserError
 from attnmt.libretranslate import ApiError, ApiKeys
 from attnmt.serve import Limits, create_app
@@ -89,8 +89,10 @@ HTML = ('<!DOCTYPE html><html><head><title>Ein Hund</title><style>p { color: red
 
 
 def test_html_text_nodes_skip_code_and_comments():
-    nodes = [str(node) for node in html_text_nodes(parse_html(HTML))]
-    assert nodes == ["Ein Hund", "Ein Hund rennt. Zwei Männer ", "sitzen", ".", "Text & mehr"]
+    document = parse_html(HTML)
+    assert document.texts == ["Ein Hund", "Ein Hund rennt. Zwei Männer ", "sitzen", ".",
+                              "Text & mehr"]
+    assert [HTML[start:end] for start, end in document.spans][-1] == "Text &amp; mehr"
 
 
 # --- the API -----------------------------------------------------------------------------

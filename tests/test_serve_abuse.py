@@ -1,0 +1,144 @@
+"""The server under malformed and pathological requests: every one answered in the API's
+error shape, and none costing more than linear time before a bound refuses it."""
+import re
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from attnmt import documents
+from attnmt.documents import MalformedHtml, parse_html, split_sentences
+from attnmt.libretranslate import ApiKeys
+from attnmt.serve import Limits, create_app
+from attnmt.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def client(tiny_runs):
+    app = create_app({"de_en": Translator.from_run(tiny_runs["transformer"])},
+                     api_keys=ApiKeys({"alice": 0}))
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def libre(**fields) -> dict:
+    return {"source": "de", "target": "en", "api_key": "alice", **fields}
+
+
+JSON = {"Content-Type": "application/json"}
+MALFORMED = [
+    ("/translate", b"[" * 50000, JSON),                                   # RecursionError
+    ("/detect", b"[" * 50000, JSON),
+    ("/translate", b'{"text": "x", "api_key": "alice", "beam": ' + b"9" * 5000 + b"}", JSON),
+    ("/translate", b'{"q": "x", "target": "en", "api_key": "alice", "alternatives": '
+     + b"9" * 5000 + b"}", JSON),
+    ("/detect", b'{"q": "Hallo", "api_key": ["alice"]}', JSON),            # a key not a string
+    ("/translate", b'{"q": "Hallo", "target": "en", "api_key": {"a": 1}}', JSON),
+    ("/translate", b'{"text": "Hallo", "api_key": {"a": 1}}', JSON),
+    ("/translate", b"x", {"Content-Type": "multipart/form-data"}),         # no boundary
+    ("/detect", b"x", {"Content-Type": "multipart/form-data"}),
+    ("/translate", b"&".join([b"q=a"] * 1000) + b"&target=en",
+     {"Content-Type": "application/x-www-form-urlencoded"}),              # too many fields
+]
+
+
+@pytest.mark.parametrize("path,body,headers", MALFORMED)
+def test_a_malformed_body_is_a_4xx_in_the_error_shape(client, path, body, headers):
+    answer = client.post(path, content=body, headers=headers)
+    assert answer.status_code in (400, 422), answer.text
+    assert list(answer.json()) == ["error"] and answer.json()["error"]
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("markup", ["<![<![", "<p>Hallo</p><![x<![", "<p>eins<a", "<b>zwei<!--",
+                                    "<script><!--<script></script>var x = 1;</script><p>drei</p>"])
+def test_html_the_server_cannot_rebuild_is_400(client, markup):
+    answer = client.post("/translate", json=libre(q=markup, format="html"))
+    assert answer.status_code == 400 and "cannot rebuild" in answer.json()["error"], answer.text
+
+
+def test_pathological_texts_are_refused_before_they_are_split(client, monkeypatch):
+    split = []
+    monkeypatch.setattr(documents, "split_sentences",
+                        lambda *args: split.append(1) or pytest.fail("split before refused"))
+    for text in ["aaaaa. " * 50_000, "zwei\n" * 50_000]:
+        answer = client.post("/translate", json=libre(q=text))
+        assert answer.status_code == 400 and "work budget holds at most" in answer.json()["error"]
+    answer = client.post("/translate", json=libre(q="<b>x" * 16_000, format="html"))
+    assert answer.status_code == 400 and "max_html_tags" in answer.json()["error"]
+    assert not split
+
+
+def test_alternatives_count_the_documents_they_repeat(client):
+    document = '<p title="' + "a" * 90_000 + '">drei</p>'
+    assert client.post("/translate", json=libre(q=document, format="html")).status_code == 200
+    answer = client.post("/translate", json=libre(q=document, format="html", alternatives=9))
+    assert answer.status_code == 400 and "alternatives" in answer.json()["error"], answer.text
+
+
+def cpu_seconds(work, *args) -> float:
+    """The least CPU time of three calls (the machine's noise only adds)."""
+    least = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        try:
+            work(*args)
+        except MalformedHtml:
+            pass
+        least = min(least, time.process_time() - start)
+    return least
+
+
+GROWING = {
+    "full stops without spaces": lambda n: "aaaaa." * (n // 6) + "x B",
+    "one long word": lambda n: "a" * n + ". B",
+    "sentences": lambda n: "Ein Hund rennt. " * (n // 16),
+    "quotes and stops": lambda n: '"«. ' * (n // 4) + "B",
+}
+GROWING_HTML = {
+    "nested tags": lambda n: "<b>x" * (n // 4),
+    "unclosed tags": lambda n: "<a" * (n // 2),
+    "unclosed attribute": lambda n: '<p title="' + "<a " * (n // 3),
+    "paragraphs": lambda n: "<p>Ein Hund rennt.</p>" * (n // 22),
+    "character references": lambda n: "&amp;" * (n // 5),
+}
+
+
+@pytest.mark.parametrize("name", GROWING)
+def test_splitting_grows_linearly(name):
+    small, large = (cpu_seconds(split_sentences, GROWING[name](n), "de") for n in (16_000, 256_000))
+    assert large <= 40 * max(small, 1e-3), f"{name}: {small:.4f} s -> {large:.4f} s for 16x"
+
+
+@pytest.mark.parametrize("name", GROWING_HTML)
+def test_html_parsing_grows_linearly(name):
+    small, large = (cpu_seconds(parse_html, GROWING_HTML[name](n)) for n in (16_000, 256_000))
+    assert large <= 40 * max(small, 1e-3), f"{name}: {small:.4f} s -> {large:.4f} s for 16x"
+
+
+AWKWARD = [
+    '<!--[if IE]><p>eins</p><![endif]--><![if !IE]><p>zwei</p><![endif]>',
+    '<![CDATA[x < y]]>drei<?php echo "x"; ?>',
+    '<p class=a data-x=\'1 &amp; 2\' hidden>vier &auml; &#228; &#xE4;<br/>fünf</p>',
+    '<ul><li>sechs<li>sieben</ul><p>acht',
+    '<script>if (a < b && c) { d("</p>"); }</script><style>p > b { x: "<" }</style>neun',
+    '<textarea><b>zehn</b></textarea><pre>elf\n  zwölf</pre><code>&lt;x&gt;</code>dreizehn',
+    '<!DOCTYPE html>\n<HTML LANG="de"><Body onload="x()">vierzehn</BODY></HTML>',
+    'a < b, AT&T &notanentity; fünfzehn',
+]
+
+
+@pytest.mark.parametrize("markup", AWKWARD)
+def test_html_comes_back_byte_for_byte_outside_its_text(markup):
+    document = parse_html(markup)
+    marked = document.rebuild([f"[{index}]" for index in range(len(document.texts))])
+    outside = markup
+    for start, end in reversed(document.spans):
+        outside = outside[:start] + "\0" + outside[end:]
+    assert re.split(r"\[\d+\]", marked) == outside.split("\0")
+    assert document.texts and all(text.strip() for text in document.texts)
+
+
+def test_raw_text_and_unknown_markup_are_never_translated():
+    document = parse_html(AWKWARD[0] + AWKWARD[4] + AWKWARD[5])
+    assert document.texts == ["zwei", "neun", "dreizehn"]
