@@ -225,6 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-rate", type=int, default=0, metavar="N",
                        help="requests per minute each client address may make to /translate "
                             "and /detect; beyond it 429 with Retry-After (0: no limit)")
+    serve.add_argument("--forwarded-allow-ips", default="", metavar="ADDRESSES",
+                       help="comma-separated addresses of proxies whose X-Forwarded-For names "
+                            "the client (for --client-rate and the logs); default: none, each "
+                            "client is the address that connects")
+    serve.add_argument("--max-html-tags", type=int, default=10_000,
+                       help="'<' per HTML document, counted before it is parsed (413)")
+    serve.add_argument("--body-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="a request body still arriving after this long is dropped (408)")
+    serve.add_argument("--max-connections", type=int, default=1000,
+                       help="requests in progress at once; beyond it 503 with Retry-After")
+    serve.add_argument("--max-inflight-body-bytes", type=int, default=64 << 20,
+                       help="declared sizes of the request bodies arriving at once; beyond "
+                            "it 503 with Retry-After")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
@@ -535,7 +548,9 @@ def run_serve(args) -> int:
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
                     args.max_body_bytes, args.max_work, args.max_queue_work,
-                    args.max_response_values, args.max_queue_response_values)
+                    args.max_response_values, args.max_queue_response_values,
+                    args.max_html_tags, args.body_timeout, args.max_connections,
+                    args.max_inflight_body_bytes)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 1 (or 0: the engine's default), got {args.workers}")
     if args.client_rate < 0:
@@ -545,7 +560,7 @@ def run_serve(args) -> int:
     translators = {name: load_translator(args, [run]) for name, run in named_runs(args.run)}
     print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(translators, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
-          args.workers, api_keys, args.client_rate)
+          args.workers, api_keys, args.client_rate, args.forwarded_allow_ips)
     return 0
 
 

@@ -10,6 +10,7 @@ request decoded as one batch, under the same limits as attnmt's own requests.
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import threading
@@ -225,17 +226,20 @@ class LanguageDetector:
 
 @dataclass
 class RateWindow:
-    """Requests per minute per key (an API key, a client's address), over a sliding minute."""
-    recent: dict[str, deque] = field(default_factory=dict)
-    most_keys: int = 10_000          # beyond, keys without a request this minute are dropped
+    """Requests per minute per key (an API key, a client's address), over a sliding minute.
+    At most ``most_keys`` keys are remembered, the least recently seen forgotten first, so a
+    request costs the same however many keys have been seen."""
+    recent: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    most_keys: int = 10_000
 
     def admit(self, key: str, limit: int, who: str, now: float | None = None) -> None:
         """Count a request of ``key``, or 429 with the seconds until its oldest request of
         the last minute leaves the window."""
         now = time.monotonic() if now is None else now
-        if len(self.recent) > self.most_keys:
-            self.recent = {k: times for k, times in self.recent.items() if times[-1] > now - 60}
-        recent = self.recent.setdefault(key, deque())
+        recent = self.recent.pop(key, None) or deque(maxlen=limit)
+        self.recent[key] = recent                     # now the most recently seen
+        while len(self.recent) > self.most_keys:
+            self.recent.popitem(last=False)
         while recent and recent[0] <= now - 60:
             recent.popleft()
         if len(recent) >= limit:

@@ -402,33 +402,58 @@ def model_info(translator: Translator, limits: Limits) -> dict:
                        "max_response_values": limits.max_response_values}}
 
 
-class BodyLimit:
-    """ASGI middleware: a body over ``max_bytes`` is answered 413 before the app parses it,
-    by its Content-Length, or, without one, once more than ``max_bytes`` have arrived."""
+class RequestGate:
+    """ASGI middleware that bounds what requests hold before the app sees them: at most
+    ``max_connections`` requests in progress (``GET /health`` always passes, so a monitor
+    sees the server alive) and ``max_inflight_body_bytes`` of bodies arriving (by their
+    declared size), 503 with ``Retry-After`` past either; a body over ``max_body_bytes`` is
+    413 (by its Content-Length, or once more has arrived); a body still arriving after
+    ``body_timeout`` seconds is 408, and the connection closed. The body is read here, whole,
+    and handed to the app."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, limits: Limits):
+        self.app, self.limits = app, limits
+        self.in_progress, self.inflight_bytes = 0, 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit() or int(declared) > self.max_bytes:
-                return await self._refuse(scope, receive, send)
+        if scope["method"] == "GET" and scope["path"] == "/health":
             return await self.app(scope, receive, send)
-        chunks, size = [], 0                    # streamed: read (at most the limit) first
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await self._refuse(scope, receive, send)
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        if self.in_progress >= self.limits.max_connections:
+            return await self._refuse(scope, receive, send, 503, f"busy: {self.in_progress} "
+                                      f"requests in progress (max_connections "
+                                      f"{self.limits.max_connections}); retry shortly")
+        self.in_progress += 1
+        try:
+            await self._admit(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+    async def _admit(self, scope, receive, send):
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or
+                                     int(declared) > self.limits.max_body_bytes):
+            return await self._refuse(scope, receive, send, 413, f"request body over "
+                                      f"max_body_bytes {self.limits.max_body_bytes}")
+        size = self.limits.max_body_bytes if declared is None else int(declared)
+        if self.inflight_bytes + size > self.limits.max_inflight_body_bytes:
+            return await self._refuse(scope, receive, send, 503, f"busy: {self.inflight_bytes} "
+                                      "bytes of request bodies arriving (max_inflight_body_bytes "
+                                      f"{self.limits.max_inflight_body_bytes}); retry shortly")
+        self.inflight_bytes += size
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            return await self._refuse(scope, receive, send, 408, f"the request body did not "
+                                      f"arrive within body_timeout {self.limits.body_timeout:g} s")
+        except ConnectionAbortedError:
+            return
+        finally:
+            self.inflight_bytes -= size
+        if body is None:
+            return await self._refuse(scope, receive, send, 413, f"request body over "
+                                      f"max_body_bytes {self.limits.max_body_bytes}")
         replayed = False
 
         async def replay():
@@ -440,10 +465,27 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope, receive, send):
-        response = JSONResponse({"error": f"request body over max_body_bytes {self.max_bytes}"},
-                                status_code=413, headers={"Connection": "close"})
-        await response(scope, receive, send)
+    async def _read_body(self, receive) -> bytes | None:
+        """The whole body, or None once it passes ``max_body_bytes``."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":             # the client left
+                raise ConnectionAbortedError
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limits.max_body_bytes:
+                return None
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _refuse(scope, receive, send, status: int, message: str):
+        headers = {"Connection": "close"}
+        if status == 503:
+            headers["Retry-After"] = "1"
+        await JSONResponse({"error": message}, status_code=status, headers=headers)(
+            scope, receive, send)
 
 
 @dataclass
@@ -505,7 +547,7 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     # No /docs or /redoc: their pages load scripts from the internet (blank offline).
     app = FastAPI(title="attnmt", description="Attention-based NMT with an attention viewer",
                   docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(RequestGate, limits=limits)
     models = {name: Served.start(name, translator, limits, micro_batch, wait_ms, workers)
               for name, translator in served_models(translators).items()}
     default = next(iter(models.values()))
@@ -837,8 +879,15 @@ def default_workers(translator: Translator) -> int:
 
 def serve(translators: Translator | dict[str, Translator], host: str, port: int, limits: Limits,
           micro_batch: bool, wait_ms: float, workers: int = 0,
-          api_keys: libre.ApiKeys | None = None, client_rate: int = 0) -> None:
+          api_keys: libre.ApiKeys | None = None, client_rate: int = 0,
+          forwarded_allow_ips: str = "") -> None:
+    """Run the app with uvicorn. Proxy headers (``X-Forwarded-For``) are read only from the
+    addresses in ``forwarded_allow_ips`` (uvicorn would trust 127.0.0.1's by default, so that
+    anything on the host forwarding the header could choose its client address)."""
     import uvicorn
 
     app = create_app(translators, limits, micro_batch, wait_ms, workers, api_keys, client_rate)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning",
+                limit_concurrency=2 * limits.max_connections,   # connections, idle ones too
+                proxy_headers=bool(forwarded_allow_ips),
+                forwarded_allow_ips=forwarded_allow_ips or None)

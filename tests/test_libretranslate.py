@@ -253,16 +253,20 @@ def test_each_client_address_has_its_rate(tiny_runs):
         assert client.get("/health").status_code == 200          # only translation is rated
 
 
-def test_a_rate_window_forgets_idle_clients():
+def test_a_rate_window_keeps_the_most_recent_clients_only():
     from attnmt.libretranslate import RateWindow
 
     window = RateWindow(most_keys=2)
-    for number, address in enumerate(["a", "b", "c"]):
-        window.admit(address, 1, "a client", now=float(number))
-    window.admit("d", 1, "a client", now=100.0)                  # a, b, c idle for a minute
-    assert list(window.recent) == ["d"]
+    for number, address in enumerate(["a", "b", "a", "c"]):
+        window.admit(address, 5, "a client", now=float(number))
+    assert list(window.recent) == ["a", "c"]                     # b was the least recently seen
+    assert [len(times) for times in window.recent.values()] == [2, 1]
+    window = RateWindow(most_keys=100)
+    for number in range(5000):                                   # forged addresses, one each
+        window.admit(f"10.0.{number // 256}.{number % 256}", 1, "a client", now=0.0)
+    assert len(window.recent) == 100
     with pytest.raises(ApiError):
-        window.admit("d", 1, "a client", now=101.0)
+        window.admit("10.0.19.135", 1, "a client", now=1.0)
 
 
 def test_a_key_frees_its_rate_after_a_minute():

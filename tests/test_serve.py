@@ -262,11 +262,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(python: str, runs, port: int) -> subprocess.Popen:
-    """``attnmt serve RUN [RUN ...]`` in a process of its own, once it answers /health."""
+def start_server(python: str, runs, port: int, *options: str) -> subprocess.Popen:
+    """``attnmt serve RUN [RUN ...] [OPTION ...]`` in a process of its own, once it answers
+    /health."""
     runs = [str(run) for run in (runs if isinstance(runs, list) else [runs])]
     server = subprocess.Popen([python, "-m", "attnmt", "serve", *runs, "--port", str(port),
-                               "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               "--threads", "1", *options], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while True:
         try:

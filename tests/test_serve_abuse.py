@@ -1,7 +1,12 @@
 """The server under malformed and pathological requests: every one answered in the API's
 error shape, and none costing more than linear time before a bound refuses it."""
+import json
 import re
+import socket
+import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,6 +16,7 @@ from attnmt.documents import MalformedHtml, parse_html, split_sentences
 from attnmt.libretranslate import ApiKeys
 from attnmt.serve import Limits, create_app
 from attnmt.translator import Translator
+from test_serve import free_port, start_server
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +148,63 @@ def test_html_comes_back_byte_for_byte_outside_its_text(markup):
 def test_raw_text_and_unknown_markup_are_never_translated():
     document = parse_html(AWKWARD[0] + AWKWARD[4] + AWKWARD[5])
     assert document.texts == ["zwei", "neun", "dreizehn"]
+
+
+def post(port: int, body: dict, headers: dict | None = None) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/translate",
+                                     json.dumps(body).encode(), {"Content-Type": "application/json",
+                                                                 **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def slow_body(port: int) -> socket.socket:
+    """A connection that declares a large body and sends one byte of it."""
+    connection = socket.create_connection(("127.0.0.1", port))
+    connection.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                       b"\r\nContent-Length: 100000\r\n\r\n{")
+    return connection
+
+
+def test_the_client_address_cannot_be_forged_and_slow_bodies_are_dropped(tiny_runs):
+    port = free_port()
+    server = start_server(sys.executable, tiny_runs["transformer"], port, "--client-rate", "2",
+                          "--body-timeout", "2", "--max-connections", "3")
+    try:
+        forged = [post(port, {"text": "sieben"}, {"X-Forwarded-For": f"10.0.0.{number}"})
+                  for number in range(4)]
+        assert forged == [200, 200, 429, 429]                 # one client, whatever it says
+        slow = [slow_body(port) for _ in range(3)]
+        time.sleep(0.5)
+        busy = urllib.request.Request(f"http://127.0.0.1:{port}/detect", b"{}")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(busy, timeout=10)
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+        started = time.monotonic()
+        for connection in slow:
+            connection.settimeout(10)
+            answer = b""
+            while chunk := connection.recv(4096):             # answered, then closed
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout 2 s" in answer
+        assert time.monotonic() - started < 4
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_proxy_headers_are_read_from_the_named_proxies_only(tiny_runs):
+    port = free_port()
+    server = start_server(sys.executable, tiny_runs["transformer"], port, "--client-rate", "2",
+                          "--forwarded-allow-ips", "127.0.0.1")
+    try:
+        forwarded = [post(port, {"text": "sieben"}, {"X-Forwarded-For": f"10.0.0.{number % 2}"})
+                     for number in range(5)]
+        assert forwarded == [200, 200, 200, 200, 429]          # two clients behind one proxy
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
