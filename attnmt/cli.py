@@ -624,6 +624,11 @@ def run_evaluate(args) -> int:
     files = [(args.src, args.ref)] if args.src else \
         [(find_language_file(prefix, data.src_lang), find_language_file(prefix, target))
          for prefix in args.test]                    # every file found before any decoding
+    for source_file, reference_file in files:
+        for read in (source_file, reference_file):
+            if args.hyp and Path(args.hyp).resolve() == Path(read).resolve():
+                raise UserError(f"--hyp {args.hyp} is one of the files evaluate reads ({read}); "
+                                "name another file for the hypotheses")
     rows = []
     for source_file, reference_file in files:
         sources, references = read_lines(source_file), read_lines(reference_file)

@@ -35,6 +35,7 @@ in the log; a try killed outright (SIGKILL) writes none and is not counted.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -155,6 +156,19 @@ def output(step: Step, work: Path) -> Path:
             "evaluate": work / step.name / "scores.txt"}[step.action]
 
 
+def names_a_file_beside(base: Path, text: str) -> bool:
+    """Whether ``text`` names a file or folder in ``base`` (or the stem of files there, a
+    corpus ``data/train`` of ``train.de`` and ``train.en``). Text that cannot be a name (an
+    absolute path, a list, a glob pattern, one too long for the file system) names none."""
+    if not text or text.startswith(("/", "[")) or glob.has_magic(text):
+        return False
+    beside = base / text
+    try:
+        return beside.exists() or any(beside.parent.glob(glob.escape(beside.name) + ".*"))
+    except (OSError, ValueError):
+        return False
+
+
 def command(step: Step, steps: dict[str, Step], work: Path, base: Path) -> list[str]:
     """The ``attnmt`` command of a step, references replaced by paths."""
     def resolve(text) -> str:
@@ -165,10 +179,7 @@ def command(step: Step, steps: dict[str, Step], work: Path, base: Path) -> list[
         if "=" in text:
             key, value = text.split("=", 1)
             return f"{key}={resolve(value)}"
-        beside = base / text
-        found = beside.exists() or any(beside.parent.glob(beside.name + ".*")) \
-            if text and not text.startswith(("/", "[")) else False
-        return str(beside) if found else text
+        return str(base / text) if names_a_file_beside(base, text) else text
 
     def run(name) -> str:
         return str(output(steps[name], work)) if name in steps else resolve(name)

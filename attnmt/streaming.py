@@ -99,6 +99,8 @@ class ResumeRecord:
             recorded = json.loads(self.path.read_text(encoding="utf-8"))
             settings, lines, sizes = (recorded["settings"], int(recorded["lines"]),
                                       [int(size) for size in recorded["output_bytes"]])
+            if not isinstance(settings, dict):
+                raise TypeError("settings is not a mapping")
         except (OSError, ValueError, KeyError, TypeError):
             raise UserError(f"cannot resume: {self.path} is not a resume record of attnmt") from None
         changed = [key for key in sorted({*settings, *self.settings})

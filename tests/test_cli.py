@@ -9,9 +9,9 @@ import yaml
 from attnmt.cli import build_parser
 
 
-def attnmt(*args, stdin=None):
+def attnmt(*args, stdin=None, cwd=None):
     return subprocess.run([sys.executable, "-m", "attnmt", *args], input=stdin,
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=120, cwd=cwd)
 
 
 def test_every_command_has_help_and_no_command_prints_usage():
@@ -71,6 +71,19 @@ def test_cli_evaluate_prints_scores_and_buckets(tiny_runs, tmp_path):
     mismatch = attnmt("evaluate", str(run), "--src", str(tmp_path / "src.txt"),
                       "--ref", str(tmp_path / "ref.txt"))
     assert mismatch.returncode == 1 and b"line counts differ" in mismatch.stderr
+
+
+def test_cli_evaluate_never_writes_its_hypotheses_over_what_it_reads(tiny_runs, tmp_path):
+    # `evaluate RUN --src t.de --ref t.en --hyp t.en` wrote the hypotheses over the reference.
+    (tmp_path / "t.de").write_text("sieben\n")
+    (tmp_path / "t.en").write_text("seven\n")
+    for hyp in ("t.en", "t.de", "./t.en"):
+        refused = attnmt("evaluate", str(tiny_runs["transformer"]), "--src",
+                         str(tmp_path / "t.de"), "--ref", str(tmp_path / "t.en"), "--hyp", hyp,
+                         cwd=tmp_path)
+        assert refused.returncode == 1 and b"is one of the files evaluate reads" in refused.stderr
+    assert (tmp_path / "t.en").read_text() == "seven\n"
+    assert (tmp_path / "t.de").read_text() == "sieben\n"
 
 
 def test_cli_evaluate_scores_several_test_sets(tiny_runs, tmp_path):

@@ -210,6 +210,16 @@ def test_a_bad_recipe_is_one_line(tmp_path, recipe, message):
         Pipeline(tmp_path / "bad.yaml")
 
 
+@pytest.mark.parametrize("value", ["data.train=corpus/**", "data.train=" + "x" * 5000,
+                                   "data.train=a[b", "data.train=corpus/*.gz"])
+def test_any_setting_plans_as_written(tmp_path, value):
+    # '**' ended the dry run in a traceback; a long value in "File name too long".
+    (tmp_path / "recipe.yaml").write_text(f"steps:\n  a: {{train: x.yaml, set: ['{value}']}}\n")
+    planned = Pipeline(tmp_path / "recipe.yaml", tmp_path / "work").command(
+        Pipeline(tmp_path / "recipe.yaml").steps[0])
+    assert planned[-1] == value
+
+
 def test_an_average_step_reads_its_runs_and_is_read_as_a_run(recipe_folder):
     (recipe_folder / "soup.yaml").write_text(
         "steps:\n  fast: {export: soup}\n  soup: {average: [one, two]}\n"

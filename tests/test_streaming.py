@@ -96,7 +96,12 @@ def test_resume_refuses_other_settings_or_another_input(tiny_runs, tmp_path):
     assert other_input.returncode == 1
     assert "cannot resume: the first" in other_input.stderr and "are not those" in other_input.stderr
     assert out.read_bytes() == kept
-    (tmp_path / "out.en.resume.json").unlink()
+    record = tmp_path / "out.en.resume.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "settings": []}))
+    hand_edited = attnmt(*command, "--resume")                      # was an AttributeError
+    assert hand_edited.returncode == 1 and hand_edited.stderr.strip() == (
+        f"attnmt: error: cannot resume: {record} is not a resume record of attnmt")
+    record.unlink()
     no_record = attnmt(*command, "--resume")
     assert no_record.returncode == 1 and "has no record of how it was made" in no_record.stderr
     assert out.read_bytes() == kept
