@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,7 +30,8 @@ import torch
 from torch import nn
 
 from attnmt.errors import UserError
-from attnmt.run import RunDirectory, refuse_destination_holding
+from attnmt.run import (RunDirectory, fresh_temporary, made_by, mark_made,
+                        refuse_destination_holding, replace_folder)
 
 
 class ExponentialMovingAverage:
@@ -99,18 +99,15 @@ def average_runs(runs: list[str | Path], out: str | Path, force: bool = False) -
         check_compatible(runs[0], config, source_tokenizer, target_tokenizer, run, "average")
         check_same_model(runs[0], config, run)
     average_into(model, weights)
-    temporary = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
+    temporary = fresh_temporary(out, "average")
     save_config(config, temporary / "config.yaml")
     save_tokenizers(temporary, source_tokenizer, target_tokenizer)
     save_weights(model, temporary / "best.safetensors", {"weights": f"mean of {len(runs)} runs"})
     info = {"runs": [str(run.absolute()) for run in runs],
             "weights": [str(path.absolute()) for path in weights]}
     RunDirectory(temporary).average.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    temporary.rename(out)
+    mark_made(temporary, "average")
+    replace_folder(temporary, out)
     return out
 
 
@@ -134,7 +131,7 @@ def check_destination(runs: list[Path], out: Path, force: bool) -> None:
         refuse_destination_holding(out, run, "writing the average")
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
-    if not RunDirectory(out).average.is_file():
+    if made_by(out) != "average":
         raise UserError(f"{out} exists and was not written by 'attnmt average' (a training run, "
                         "an export or other files), which an average never replaces; choose "
                         "another folder")

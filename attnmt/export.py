@@ -31,7 +31,8 @@ import torch
 from attnmt.ctranslate2_engine import EXPORT_INFO, QUANTIZATIONS, require_ctranslate2
 from attnmt.errors import UserError
 from attnmt.model import Seq2Seq
-from attnmt.run import RunDirectory, refuse_destination_holding
+from attnmt.run import (RunDirectory, fresh_temporary, made_by, mark_made,
+                        refuse_destination_holding, replace_folder)
 
 
 def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
@@ -46,37 +47,41 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
     check_exportable(model, run_dir)
     converter = _converter(model, config, [_pieces(source_tokenizer), _pieces(target_tokenizer)],
                            ctranslate2)
-    temporary = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
-    converter.convert(str(temporary), quantization=quantization, force=True)
+    temporary = fresh_temporary(out, "export")
+    converted = temporary / "export"          # CTranslate2 empties the folder it writes
+    converter.convert(str(converted), quantization=quantization)
     for name in ["config.yaml", *_tokenizer_files(Path(run_dir))]:   # a folder that translates
-        shutil.copy(Path(run_dir) / name, temporary / name)
+        shutil.copy(Path(run_dir) / name, converted / name)
     info = {"description": model.description, "parameters": model.num_parameters(),
             "quantization": quantization}
-    (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    temporary.rename(out)
+    (converted / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    mark_made(converted, "export")
+    replace_folder(converted, out)
+    shutil.rmtree(temporary)
     return out
 
 
 def check_destination(run: Path, out: Path, force: bool) -> None:
-    """``out`` may be written: never the run, a folder holding it, another training run or
-    a folder of the run that is not an export; anything else not empty only with
-    ``force``. One line otherwise, before anything is written."""
+    """``out`` may be written when it is absent, empty, or (with ``force``) an earlier export
+    holding only what the export wrote; never the run, a folder holding it, another run, a
+    folder of the run or a user's files, not even with ``force``. One line otherwise,
+    before anything is written."""
     refuse_destination_holding(out, run, "exporting")
     run, target = run.resolve(), out.resolve()
     if not out.exists() or not any(out.iterdir()):
         return
-    exported = (out / "model.bin").is_file()
-    if (out / "config.yaml").is_file() and not exported:
+    if made_by(out) == "export":
+        if not force:
+            raise UserError(f"{out} holds an earlier export; choose another folder or add --force")
+        return
+    if (out / "config.yaml").is_file() and not (out / "model.bin").is_file():
         raise UserError(f"{out} is a training run, which an export never replaces (not even with "
                         "--force); choose another folder")
-    if run in target.parents and not exported:
+    if run in target.parents:
         raise UserError(f"{out} is a folder of the run {run}, which an export never replaces; "
                         "choose another folder")
-    if not force:
-        raise UserError(f"{out} exists and is not empty; choose another folder or add --force")
+    raise UserError(f"{out} holds files that 'attnmt export' did not write (an export replaces "
+                    "only its own folders, not even with --force); choose another folder")
 
 
 def check_exportable(model: Seq2Seq, run_dir) -> None:

@@ -14,6 +14,8 @@ Translating with CTranslate2 reads run directories without PyTorch, so what need
 from __future__ import annotations
 
 import csv
+import json
+import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -149,6 +151,59 @@ def refuse_destination_holding(out: Path, run: Path, writing: str) -> None:
     if out.resolve() == run.resolve() or out.resolve() in run.resolve().parents:
         raise UserError(f"{out} holds the run {run}: {writing} there would destroy it; choose "
                         "another folder")
+
+
+MADE_BY_ATTNMT = ".attnmt-output"    # in a folder export or average wrote: the files they wrote
+
+
+def _noted(folder: Path) -> dict | None:
+    try:
+        noted = json.loads((folder / MADE_BY_ATTNMT).read_text(encoding="utf-8"))
+        return noted if isinstance(noted, dict) and isinstance(noted.get("files"), list) else None
+    except (OSError, ValueError):
+        return None
+
+
+def mark_made(folder: Path, command: str) -> None:
+    """Note in ``folder``, written by ``command``, the files it holds, so that a later command
+    may replace exactly those and never what a user put beside them."""
+    files = sorted({path.name for path in folder.iterdir()} | {MADE_BY_ATTNMT})
+    (folder / MADE_BY_ATTNMT).write_text(json.dumps({"command": command, "files": files},
+                                                    indent=1) + "\n", encoding="utf-8")
+
+
+def made_by(folder: Path) -> str | None:
+    """The command that wrote ``folder`` if it holds nothing but what that command noted
+    (:func:`mark_made`); None for anything else: a run, a user's files, an older export."""
+    noted = _noted(folder)
+    if noted is None or not {path.name for path in folder.iterdir()} <= set(noted["files"]):
+        return None
+    return str(noted.get("command"))
+
+
+def fresh_temporary(out: Path, command: str) -> Path:
+    """An empty folder beside ``out`` to write it in, ``.OUT.tmp``, marked as ``command``'s;
+    one that an interrupted ``command`` left is removed, anything else there refused in one
+    line."""
+    temporary = out.with_name(f".{out.name}.tmp")
+    if temporary.exists() or temporary.is_symlink():
+        noted = _noted(temporary) if temporary.is_dir() and not temporary.is_symlink() else None
+        if noted is None or noted.get("command") != command:
+            raise UserError(f"{temporary} exists and was not left by 'attnmt {command}'; remove "
+                            "it or choose another output name")
+        shutil.rmtree(temporary)
+    temporary.mkdir(parents=True)
+    (temporary / MADE_BY_ATTNMT).write_text(json.dumps({"command": command, "files": []}) + "\n",
+                                            encoding="utf-8")
+    return temporary
+
+
+def replace_folder(finished: Path, out: Path) -> None:
+    """Put ``finished`` in the place of ``out`` (absent, empty, or checked by the caller to be
+    its own earlier output, :func:`made_by`)."""
+    if out.exists():
+        shutil.rmtree(out)
+    finished.rename(out)
 
 
 def default_run_dir(config_path: str | Path) -> Path:

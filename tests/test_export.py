@@ -128,11 +128,24 @@ def test_rnn_runs_missing_extra_and_non_empty_folders_are_refused(tiny_runs, tmp
         export_run(tiny_runs["rnn"], tmp_path / "rnn")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    with pytest.raises(UserError, match="exists and is not empty; choose another folder or add --force"):
-        export_run(tiny_runs["transformer"], tmp_path / "full")
+    for force in (False, True):        # --force replaced a folder of the user's files
+        with pytest.raises(UserError, match="holds files that 'attnmt export' did not write"):
+            export_run(tiny_runs["transformer"], tmp_path / "full", force=force)
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
-    export_run(tiny_runs["transformer"], tmp_path / "full", force=True)
-    assert (tmp_path / "full" / "model.bin").is_file()
+    export_run(tiny_runs["transformer"], tmp_path / "new")
+    with pytest.raises(UserError, match="holds an earlier export; choose another folder or add"):
+        export_run(tiny_runs["transformer"], tmp_path / "new")
+    (tmp_path / "new" / "notes.txt").write_text("mine")           # a user's file added to it
+    with pytest.raises(UserError, match="holds files that 'attnmt export' did not write"):
+        export_run(tiny_runs["transformer"], tmp_path / "new", force=True)
+    (tmp_path / "new" / "notes.txt").unlink()
+    export_run(tiny_runs["transformer"], tmp_path / "new", force=True)
+    assert (tmp_path / "new" / "model.bin").is_file()
+    (tmp_path / ".other.tmp").mkdir()                              # not left by an export
+    (tmp_path / ".other.tmp" / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="was not left by 'attnmt export'"):
+        export_run(tiny_runs["transformer"], tmp_path / "other")
+    assert (tmp_path / ".other.tmp" / "keep.txt").read_text() == "mine"
     monkeypatch.setitem(sys.modules, "ctranslate2", None)            # as if not installed
     with pytest.raises(UserError, match=r'install the extra: pip install -e "\.\[ct2\]"'):
         export_run(tiny_runs["transformer"], tmp_path / "other")
@@ -204,13 +217,17 @@ def test_an_export_never_destroys_a_run(tiny_runs, tmp_path):
     before = sorted(str(path.relative_to(run)) for path in run.rglob("*"))
     other = tmp_path / "other_run"
     shutil.copytree(tiny_runs["rnn"], other)
+    archive = tmp_path / "archive"                     # a run kept in a folder of runs
+    shutil.copytree(tiny_runs["rnn"], archive / "old_run")
     for out, message in ((run, "holds the run"), (tmp_path / "runs", "holds the run"),
                          (tmp_path, "holds the run"), (other, "is a training run"),
-                         (run / "checkpoints", "is a folder of the run")):
+                         (run / "checkpoints", "is a folder of the run"),
+                         (archive, "did not write")):
         with pytest.raises(UserError, match=message):
             export_run(run, out, force=True)
     assert sorted(str(path.relative_to(run)) for path in run.rglob("*")) == before
     assert (other / "config.yaml").is_file() and not (other / "model.bin").exists()
+    assert (archive / "old_run" / "config.yaml").is_file()
     assert main(["export", str(run), str(run), "--force"]) == 1
     assert sorted(str(path.relative_to(run)) for path in run.rglob("*")) == before
     export_run(run, run / "exported")                  # an export inside the run is fine,
