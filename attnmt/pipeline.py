@@ -35,13 +35,17 @@ in the log; a try killed outright (SIGKILL) writes none and is not counted.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import glob
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,6 +216,45 @@ def command(step: Step, steps: dict[str, Step], work: Path, base: Path) -> list[
     return arguments
 
 
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _end_with_parent() -> None:
+    """In the step's process, before it starts: end it (SIGTERM) when the pipeline ends,
+    however the pipeline ends (Linux's parent-death signal)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
+def run_step_process(arguments: list[str], log) -> int:
+    """``attnmt ARGUMENTS`` in a process group of its own, its output to ``log``, and its
+    exit status. A signal that would stop the pipeline (Ctrl-C, SIGTERM, SIGHUP) is passed
+    on to the step, and once it has ended the pipeline stops, naming the signal; if the
+    pipeline is killed outright, the step gets SIGTERM."""
+    step = subprocess.Popen([sys.executable, "-m", "attnmt", *arguments], stdout=log,
+                            stderr=subprocess.STDOUT, env={**os.environ, "TQDM_DISABLE": "1"},
+                            start_new_session=True,
+                            preexec_fn=_end_with_parent if sys.platform == "linux" else None)
+    received = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(step.pid, signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.signal(number, forward) for number in STOPPING_SIGNALS} \
+        if in_main_thread else {}
+    try:
+        returncode = step.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if received:
+        raise UserError(f"stopped by {signal.Signals(received[0]).name}, and so was the step "
+                        f"{shlex.join(arguments[:2])}; run the same command again to continue")
+    return returncode
+
+
 class Pipeline:
     """A recipe's steps, the record of those done, and how to run the rest."""
 
@@ -269,13 +312,11 @@ class Pipeline:
             with open(log, "a", encoding="utf-8") as handle:
                 handle.write(f"$ attnmt {shlex.join(arguments)}\n")
                 handle.flush()
-                finished = subprocess.run([sys.executable, "-m", "attnmt", *arguments],
-                                          stdout=handle, stderr=subprocess.STDOUT,
-                                          env={**os.environ, "TQDM_DISABLE": "1"})
+                returncode = run_step_process(arguments, handle)
         finally:  # a failed or interrupted try counts too: the step's output cost it
             with open(log, "a", encoding="utf-8") as handle:
                 handle.write(f"{TRY_MINUTES}{(time.perf_counter() - start) / 60:.2f}\n")
-        if finished.returncode:
+        if returncode:
             last = [line for line in _output_lines(log) if line.strip()]
             raise UserError(f"step {step.name} failed: {last[-1] if last else 'no output'} "
                             f"(its log: {log}); the steps before it are kept")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -47,6 +48,9 @@ def say(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
+HELD_RUNS: list = []          # the lock files of the runs this process trains, kept open
+
+
 class RunDirectory:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -57,6 +61,25 @@ class RunDirectory:
         self.best = self.path / "best.safetensors"
         self.checkpoints = self.path / "checkpoints"
         self.average = self.path / "average.json"      # only in an average of runs
+
+    def hold(self) -> None:
+        """Hold the run for this process's lifetime (a lock the system frees when the process
+        ends, however it ends): a second trainer on the run is refused in one line."""
+        import fcntl
+
+        handle = open(self.path / ".lock", "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise UserError(f"{self.path} is being trained by process {holder}; wait for it to "
+                            "end or stop it, then run the command again to resume") from None
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        HELD_RUNS.append(handle)
 
     def exists(self) -> bool:
         """Whether training has saved a state to resume from."""

@@ -1,4 +1,5 @@
 """attnmt pipeline: a recipe's steps in order, skipped when done, resumed when killed."""
+import contextlib
 import json
 import os
 import shutil
@@ -112,6 +113,69 @@ def test_a_killed_step_resumes_to_the_same_outputs(recipe_folder):
     ours, theirs = (load_file(str(folder / "model" / "last.safetensors"))
                     for folder in (work, recipe_folder / "reference"))
     assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+
+
+def trainer_of(run: Path, deadline: float) -> int:
+    """The process id training ``run``, once it has written its first validation row."""
+    log = run / "log.csv"
+    while not (log.is_file() and len(log.read_text().splitlines()) > 1):
+        assert time.time() < deadline, "the step never started training"
+        time.sleep(0.05)
+    return int((run / ".lock").read_text())
+
+
+def ended(pid: int, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_pipeline_stops_its_step(recipe_folder, stop):
+    # After `kill -TERM` of the pipeline its `attnmt train` went on, reparented to init.
+    (recipe_folder / "long.yaml").write_text(
+        "steps:\n  model:\n    train: tiny.yaml\n    set: [train.max_steps=100000, "
+        "train.validate_every=20]\n")
+    work = recipe_folder / "work"
+    victim = subprocess.Popen([sys.executable, "-m", "attnmt", "pipeline", recipe_folder / "long.yaml",
+                               "--work", work], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    trainer = trainer_of(work / "model", time.time() + 240)
+    victim.send_signal(stop)                                      # the pipeline alone
+    victim.wait(timeout=60)
+    assert ended(trainer, 30), "the step outlived the pipeline"
+    if stop == signal.SIGTERM:
+        assert "stopped by SIGTERM, and so was the step train" in victim.stderr.read()
+    minutes = (work / "model.log").read_text()
+    assert minutes.count("[pipeline] minutes of this try") == (stop == signal.SIGTERM)
+
+
+def test_a_run_being_trained_is_not_trained_twice(tiny_config, tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from attnmt.run import "
+                               "RunDirectory; RunDirectory(sys.argv[1]).hold(); print(1, flush=True); "
+                               "time.sleep(120)", str(tmp_path / "run")], stdout=subprocess.PIPE)
+    (tmp_path / "run").mkdir()
+    assert holder.stdout.readline().strip() == b"1"
+    second = subprocess.run([sys.executable, "-m", "attnmt", "train", tiny_config, "--run-dir",
+                             tmp_path / "run", "--set", "train.max_steps=2"], capture_output=True,
+                            text=True, timeout=120)
+    assert second.returncode == 1
+    assert second.stderr.strip() == (f"attnmt: error: {tmp_path / 'run'} is being trained by "
+                                     f"process {holder.pid}; wait for it to end or stop it, then "
+                                     "run the command again to resume")
+    holder.kill()
+    holder.wait()
+    again = subprocess.run([sys.executable, "-m", "attnmt", "train", tiny_config, "--run-dir",
+                            tmp_path / "run", "--set", "train.max_steps=2",
+                            "--set", "train.validate_every=2"], capture_output=True, timeout=120)
+    assert again.returncode == 0, again.stderr
 
 
 def test_a_failing_step_stops_the_pipeline_and_keeps_what_was_done(recipe_folder):
