@@ -150,7 +150,11 @@ def test_stopping_the_pipeline_stops_its_step(recipe_folder, stop):
     trainer = trainer_of(work / "model", time.time() + 240)
     victim.send_signal(stop)                                      # the pipeline alone
     victim.wait(timeout=60)
-    assert ended(trainer, 30), "the step outlived the pipeline"
+    try:
+        assert ended(trainer, 30), "the step outlived the pipeline"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(trainer, signal.SIGKILL)
     if stop == signal.SIGTERM:
         assert "stopped by SIGTERM, and so was the step train" in victim.stderr.read()
     minutes = (work / "model.log").read_text()
@@ -158,20 +162,22 @@ def test_stopping_the_pipeline_stops_its_step(recipe_folder, stop):
 
 
 def test_a_run_being_trained_is_not_trained_twice(tiny_config, tmp_path):
+    (tmp_path / "run").mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from attnmt.run import "
                                "RunDirectory; RunDirectory(sys.argv[1]).hold(); print(1, flush=True); "
                                "time.sleep(120)", str(tmp_path / "run")], stdout=subprocess.PIPE)
-    (tmp_path / "run").mkdir()
-    assert holder.stdout.readline().strip() == b"1"
-    second = subprocess.run([sys.executable, "-m", "attnmt", "train", tiny_config, "--run-dir",
-                             tmp_path / "run", "--set", "train.max_steps=2"], capture_output=True,
-                            text=True, timeout=120)
-    assert second.returncode == 1
-    assert second.stderr.strip() == (f"attnmt: error: {tmp_path / 'run'} is being trained by "
-                                     f"process {holder.pid}; wait for it to end or stop it, then "
-                                     "run the command again to resume")
-    holder.kill()
-    holder.wait()
+    try:
+        assert holder.stdout.readline().strip() == b"1"
+        second = subprocess.run([sys.executable, "-m", "attnmt", "train", tiny_config, "--run-dir",
+                                 tmp_path / "run", "--set", "train.max_steps=2"], capture_output=True,
+                                text=True, timeout=120)
+        assert second.returncode == 1
+        assert second.stderr.strip() == (f"attnmt: error: {tmp_path / 'run'} is being trained by "
+                                         f"process {holder.pid}; wait for it to end or stop it, then "
+                                         "run the command again to resume")
+    finally:
+        holder.kill()
+        holder.wait()
     again = subprocess.run([sys.executable, "-m", "attnmt", "train", tiny_config, "--run-dir",
                             tmp_path / "run", "--set", "train.max_steps=2",
                             "--set", "train.validate_every=2"], capture_output=True, timeout=120)
