@@ -24,6 +24,7 @@ nor starve the others. Responses are rendered to JSON in a thread of their own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -230,41 +231,89 @@ class _Pending:
     texts: list[str]
     options: Options
     future: asyncio.Future
+    client: str
 
 
 class MicroBatcher:
-    """Collects concurrent requests for ``wait_ms`` and translates them as one batch;
-    ``workers`` batches are decoded at once (each in a thread of ``executor``)."""
+    """Collects concurrent requests for ``wait_ms`` and translates them in batches;
+    ``workers`` batches are decoded at once (each in a thread of ``executor``).
+
+    Clients (an API key, else an address) share the workers fairly: each is charged the
+    seconds its texts took (a batch's time split by texts), and the next batch starts with
+    the oldest request of the waiting client charged least, joined by the requests of the
+    others with the same options, least charged first. A client that sends heavy requests
+    pays for them and waits while the others catch up; one that arrives or returns is
+    charged at least what the least charged waiting client is, so idling earns nothing."""
 
     def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
                  wait_ms: float, max_texts: int, workers: int = 1):
         self.translator, self.executor = translator, executor
         self.wait, self.max_texts, self.count = wait_ms / 1000, max_texts, workers
-        self.queue: asyncio.Queue[_Pending] | None = None
+        self.waiting: dict[str, collections.deque[_Pending]] = {}
+        self.charged: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self.least_charged = 0.0                     # of the clients waiting at the last batch
+        self.arrived: asyncio.Event | None = None
         self.workers: list[asyncio.Task] = []
 
-    async def translate(self, texts: list[str], options: Options) -> list[Translation]:
-        if self.queue is None:
-            self.queue = asyncio.Queue()
+    async def translate(self, texts: list[str], options: Options,
+                        client: str = "") -> list[Translation]:
+        if self.arrived is None:
+            self.arrived = asyncio.Event()
             self.workers = [asyncio.create_task(self._work()) for _ in range(self.count)]
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(texts, options, future))
+        if client not in self.waiting:
+            self.waiting[client] = collections.deque()
+            self.charged[client] = max(self.charged.pop(client, 0.0), self.least_charged)
+            while len(self.charged) > MOST_CLIENTS_REMEMBERED:
+                self.charged.popitem(last=False)
+        self.waiting[client].append(_Pending(texts, options, future, client))
+        self.arrived.set()
         return await future
 
     async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            batch = [await self.queue.get()]
-            deadline = asyncio.get_running_loop().time() + self.wait
-            while sum(len(p.texts) for p in batch) < self.max_texts:
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), remaining))
-                except asyncio.TimeoutError:
-                    break
-            for options in dict.fromkeys(p.options for p in batch):
-                await self._run([p for p in batch if p.options == options], options)
+            while not self.waiting:
+                self.arrived.clear()
+                await self.arrived.wait()
+            deadline = loop.time() + self.wait
+            while self._waiting_texts() < self.max_texts and loop.time() < deadline:
+                self.arrived.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.arrived.wait(), deadline - loop.time())
+            batch = self._take_batch()
+            if batch:
+                started = loop.time()
+                await self._run(batch, batch[0].options)
+                self._charge(batch, loop.time() - started)
+
+    def _waiting_texts(self) -> int:
+        return sum(len(p.texts) for queue in self.waiting.values() for p in queue)
+
+    def _take_batch(self) -> list[_Pending]:
+        """The next batch: the oldest request of the least charged client, and the requests
+        of every client with the same options, least charged first, up to ``max_texts``."""
+        if not self.waiting:
+            return []
+        clients = sorted(self.waiting, key=self.charged.__getitem__)
+        self.least_charged = self.charged[clients[0]]
+        options = self.waiting[clients[0]][0].options
+        batch, texts = [], 0
+        for client in clients:
+            queue = self.waiting[client]
+            while queue and queue[0].options == options and (
+                    not batch or texts + len(queue[0].texts) <= self.max_texts):
+                batch.append(queue.popleft())
+                texts += len(batch[-1].texts)
+            if not queue:
+                del self.waiting[client]
+        return batch
+
+    def _charge(self, batch: list[_Pending], seconds: float) -> None:
+        texts = sum(len(p.texts) for p in batch) or 1
+        for p in batch:
+            if p.client in self.charged:
+                self.charged[p.client] += seconds * max(len(p.texts), 1) / texts
 
     async def _run(self, pending: list[_Pending], options: Options) -> None:
         """Decode the requests together; if that fails, each alone, so that only a request
@@ -283,6 +332,9 @@ class MicroBatcher:
         for p in pending:
             _settle(p.future, results[start:start + len(p.texts)])
             start += len(p.texts)
+
+
+MOST_CLIENTS_REMEMBERED = 10_000
 
 
 def _settle(future: asyncio.Future, result=None, error: Exception | None = None) -> None:
@@ -508,9 +560,11 @@ class Served:
         return cls(name, translator, executor, batcher, {"name": name, **model_info(translator, limits)},
                    min(translator.config.decode.beam, limits.max_beam))
 
-    async def translate(self, texts: list[str], options: Options) -> list[Translation]:
+    async def translate(self, texts: list[str], options: Options,
+                        client: str = "") -> list[Translation]:
+        """``client``: who asks (an API key, else an address), for the batcher's fair share."""
         if self.batcher is not None:
-            return await self.batcher.translate(texts, options)
+            return await self.batcher.translate(texts, options, client)
         return await run_translation(self.translator, self.executor, texts, options)
 
     def options(self, request: TranslateRequest, texts: list[str]) -> Options:
@@ -622,7 +676,8 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             cost = request_cost(model.translator, texts, options)
             check_cost(cost, limits)
             with reserved(waiting, cost, limits):
-                body = await _translate(model, texts, options)
+                body = await _translate(model, texts, options,
+                                        client_of(request, translation_request.api_key))
         except Exception as error:
             return error_response(error, libre_shape=False)
         return Response(body, media_type="application/json")
@@ -632,14 +687,16 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             found = await libre.parameters(request, parsed)
             if api_keys is not None:
                 api_keys.admit(found.get("api_key"))
-            return await libre_api.translate(libre.read_request(found))
+            libre_request = libre.read_request(found)
+            return await libre_api.translate(libre_request,
+                                             client_of(request, libre_request.api_key))
         except Exception as error:
             return error_response(error, libre_shape=True)
 
-    async def _translate(model: Served, texts: list[str], options: Options) -> bytes:
+    async def _translate(model: Served, texts: list[str], options: Options, client: str) -> bytes:
         """The response body, rendered off the event loop."""
         loop = asyncio.get_running_loop()
-        translations = await model.translate(texts, options)
+        translations = await model.translate(texts, options, client)
         maps = [None] * len(translations)
         if options.self_attention:
             for index, translation in enumerate(translations):
@@ -650,6 +707,13 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
                                           options.attention, maps)
 
     return app
+
+
+def client_of(request: Request, api_key: str | None) -> str:
+    """Who sends a request, for fair shares: its API key, else its address."""
+    if api_key:
+        return f"key {api_key}"
+    return f"address {request.client.host if request.client else 'unknown'}"
 
 
 def error_response(error: Exception, libre_shape: bool) -> JSONResponse:
@@ -786,7 +850,7 @@ class LibreTranslateApi:
                                   rebuild, detected))
         return prepared
 
-    async def translate(self, request: libre.LibreRequest) -> Response:
+    async def translate(self, request: libre.LibreRequest, client: str = "") -> Response:
         texts = [request.q] if isinstance(request.q, str) else request.q
         if len(texts) > self.limits.max_texts:
             raise LimitError(413, f"too many texts: {len(texts)} > max_texts {self.limits.max_texts}")
@@ -810,7 +874,7 @@ class LibreTranslateApi:
             return await loop.run_in_executor(self.documents_pool, work)
 
         prepared = await off_the_loop(lambda: self.prepare(texts, request, n_best))
-        outputs = await self._decode(prepared, n_best, size)
+        outputs = await self._decode(prepared, n_best, size, client)
 
         def answer() -> bytes:
             results = [self._describe(text, out, request.alternatives)
@@ -824,8 +888,8 @@ class LibreTranslateApi:
 
         return Response(await off_the_loop(answer), media_type="application/json")
 
-    async def _decode(self, prepared: list[_Text], n_best: int,
-                      size: int) -> list[list[Translation]]:
+    async def _decode(self, prepared: list[_Text], n_best: int, size: int,
+                      client: str) -> list[list[Translation]]:
         """Each text's sentences translated, one batch per model; the costs of all the
         request's batches and its documents' ``size`` checked and reserved together."""
         by_route: dict[libre.Route, list[str]] = {}
@@ -851,7 +915,7 @@ class LibreTranslateApi:
         decoded = {}
         with reserved(self.waiting, total, self.limits):
             for route, model, sentences, options, _ in batches:
-                decoded[route] = iter(await model.translate(sentences, options)
+                decoded[route] = iter(await model.translate(sentences, options, client)
                                       if sentences else [])
         return [[next(decoded[text.route]) for _ in text.sentences] for text in prepared]
 

@@ -208,3 +208,44 @@ def test_proxy_headers_are_read_from_the_named_proxies_only(tiny_runs):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_one_clients_heavy_requests_do_not_hold_the_worker_from_the_others():
+    # The batcher served requests in arrival order: five queued heavy requests (beam-10
+    # traces of seconds each) held the one worker while every other client waited behind.
+    import asyncio
+    import concurrent.futures
+    import types
+
+    from attnmt.serve import MicroBatcher, Options
+
+    def translate(texts, beam, *args, **kwargs):
+        time.sleep(0.3 if beam == 10 else 0.01)
+        return [f"beam {beam}"] * len(texts)
+
+    batcher = MicroBatcher(types.SimpleNamespace(translate=translate),
+                           concurrent.futures.ThreadPoolExecutor(1), wait_ms=1, max_texts=32)
+    light = Options(1, 1, None, False)
+    finished = []
+
+    async def client(name, requests, at_once):
+        async def one(number):                   # heavy requests differ: each decoded alone
+            options = light if name == "light" else Options(10, 1, number / 10, False)
+            await batcher.translate(["x"], options, name)
+            finished.append((name, number))
+        if at_once:
+            await asyncio.gather(*(one(number) for number in range(requests)))
+        else:
+            for number in range(requests):
+                await one(number)
+
+    async def both():
+        heavy_client = asyncio.create_task(client("heavy", 5, at_once=True))
+        await asyncio.sleep(0.05)                                  # its requests queue first
+        await client("light", 10, at_once=False)
+        await heavy_client
+
+    asyncio.run(both())
+    second_heavy = finished.index(("heavy", 1))
+    assert [name for name, _ in finished[:second_heavy]].count("light") == 10, finished
+    assert batcher.charged["heavy"] >= 1.5 > 0.5 > batcher.charged["light"]
