@@ -2,6 +2,7 @@
 
     python benchmarks/serve_load.py RUN [--requests 1000] [--clients 50] [--beam 5]
         [--engines torch ctranslate2] [--micro-batching on off] [--abuse 10]
+    python benchmarks/serve_load.py RUN --attacks [--engines ...]
 
 Starts the server once per engine (PyTorch, or CTranslate2 int8 exported into the run
 first) and micro-batching mode, in a subprocess; sends one sentence of Multi30k
@@ -11,12 +12,21 @@ heaviest requests the limits let through or must refuse (:data:`ABUSIVE`) for as
 as the load runs, while the server's resident memory and the time ``/health`` takes
 to answer are sampled every 100 ms; it prints their maxima and the abusive answers
 by status.
+
+With ``--attacks``, it sends instead each malformed or pathological request of
+:func:`attack_requests` (bodies up to 1 MiB) alone and prints its answer and the server's
+CPU seconds for it; then 10 clients send them in a loop for 20 s while ``/health`` and the
+resident memory are sampled; then 1,000 connections declare a body and send one byte of
+it, and it prints how long ``/health`` and a translation take meanwhile and when the last
+of them was closed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -44,6 +54,117 @@ ABUSIVE = [
     {"text": "x. " * 130, "n_best": 10, "sample": {"temperature": 1e-300}},
     {"texts": ["x. " * 30] * 32, "beam": 1, "attention": True},
 ]
+
+
+def attack_requests() -> list[tuple[str, str, bytes, dict]]:
+    """``(name, path, body, headers)`` of the requests that once cost a server error or
+    minutes of CPU: malformed bodies, keys that are not strings, pathological texts and
+    HTML, each as large as the body limit (1 MiB) allows."""
+    mib = (1 << 20) - 200
+    json_type = {"Content-Type": "application/json"}
+
+    def libre(q, **fields) -> bytes:
+        return json.dumps({"q": q, "source": "de", "target": "en", **fields}).encode()
+
+    return [
+        ("nested JSON, /translate", "/translate", b"[" * mib, json_type),
+        ("nested JSON, /detect", "/detect", b"[" * mib, json_type),
+        ("a 5,000-digit beam", "/translate", b'{"text": "x", "beam": ' + b"9" * 5000 + b"}",
+         json_type),
+        ("api_key a list, /detect", "/detect", b'{"q": "Hallo", "api_key": ["a"]}', json_type),
+        ("api_key an object", "/translate", libre("Hallo", api_key={"a": 1}), json_type),
+        ("multipart without a boundary", "/translate", b"x",
+         {"Content-Type": "multipart/form-data"}),
+        ("HTML the parser rejects", "/translate", libre("<p>Hallo</p><![x<![" * 1000,
+                                                          format="html"), json_type),
+        ("full stops without spaces", "/translate", libre("aaaaa." * (mib // 6) + "x B"),
+         json_type),
+        ("nested tags", "/translate", libre("<b>x" * (mib // 4), format="html"), json_type),
+        ("unclosed tags", "/translate", libre("<a" * (mib // 2), format="html"), json_type),
+        ("a script ending elsewhere", "/translate",
+         libre("<script><!--<script></script>var x = 1;</script><p>drei</p>" * 10000,
+               format="html"), json_type),
+        ("one attribute, alternatives 9", "/translate",
+         libre('<p title="' + "a" * (mib - 100) + '">drei</p>', format="html", alternatives=9),
+         json_type),
+        ("many sentences", "/translate", libre("Ein Hund rennt. " * (mib // 16)), json_type),
+    ]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def attacks(url: str, pid: int) -> None:
+    """Each attack alone (answer, server CPU), then all in a loop from 10 clients, then
+    1,000 slow bodies; printed as tables."""
+    requests = attack_requests()
+    print("| request | body bytes | answer | server CPU s |\n|---|---|---|---|")
+    async with httpx2.AsyncClient(timeout=600) as session:
+        for name, path, body, headers in requests:
+            before = cpu_seconds(pid)
+            response = await session.post(url + path, content=body, headers=headers)
+            print(f"| {name} | {len(body):,} | {response.status_code} "
+                  f"{response.text[:60]!r} | {cpu_seconds(pid) - before:.2f} |", flush=True)
+    stop, statuses = asyncio.Event(), {}
+
+    async def client(session, first: int):
+        index = first
+        while not stop.is_set():
+            name, path, body, headers = requests[index % len(requests)]
+            try:
+                status = (await session.post(url + path, content=body, headers=headers)).status_code
+            except httpx2.HTTPError:
+                status = 0
+            statuses[status] = statuses.get(status, 0) + 1
+            index += 1
+
+    watcher = asyncio.create_task(watch(url, pid, stop))
+    async with httpx2.AsyncClient(timeout=600, limits=httpx2.Limits(max_connections=10)) as session:
+        senders = [asyncio.create_task(client(session, number)) for number in range(10)]
+        await asyncio.sleep(20)
+        stop.set()
+        await asyncio.gather(*senders)
+    watched = await watcher
+    print(f"\n10 clients, 20 s: answers {dict(sorted(statuses.items()))}; /health slowest "
+          f"{watched['health_max_s']:.2f} s of {watched['health_samples']} samples; server "
+          f"resident memory at most {watched['rss_max_mb']:.0f} MB", flush=True)
+    await slow_bodies(url, 1000)
+
+
+async def slow_bodies(url: str, count: int) -> None:
+    """``count`` connections that declare a 1,000,000-byte body and send one byte; how
+    /health and a translation answer meanwhile, and when the last connection is closed."""
+    host, port = url.removeprefix("http://").split(":")
+    started = time.perf_counter()
+    connections = []
+    for _ in range(count):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000000\r\n\r\n{")
+        connections.append((reader, writer))
+    opened = time.perf_counter() - started
+    async with httpx2.AsyncClient(timeout=60) as session:
+        start = time.perf_counter()
+        health = (await session.get(f"{url}/health")).status_code
+        health_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        answer = await session.post(f"{url}/translate", json={"text": "Ein Hund rennt."})
+        translate_seconds = time.perf_counter() - start
+
+    async def closed(reader) -> float:
+        await reader.read()                    # until the server closes the connection
+        return time.perf_counter() - started
+
+    ends = await asyncio.gather(*(closed(reader) for reader, _ in connections))
+    for reader, writer in connections:
+        writer.close()
+    print(f"\n{count} slow bodies opened in {opened:.1f} s; meanwhile /health {health} in "
+          f"{health_seconds:.2f} s, a translation {answer.status_code} in {translate_seconds:.2f} s "
+          f"({answer.text[:50]!r}); every connection closed by the server within "
+          f"{max(ends):.1f} s of the first opening", flush=True)
 
 
 def free_port() -> int:
@@ -174,9 +295,35 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--micro-batching", nargs="+", default=["on"], choices=["on", "off"])
     parser.add_argument("--abuse", type=int, default=0, metavar="K",
                         help="K more clients sending the abusive requests meanwhile")
+    parser.add_argument("--attacks", action="store_true",
+                        help="send the malformed and pathological requests instead of the load")
     parser.add_argument("--data", default=os.environ.get("ATTNMT_DATA", ""),
                         help="folder of the Multi30k files (default: $ATTNMT_DATA)")
     return parser.parse_args()
+
+
+@contextlib.contextmanager
+def served(args: argparse.Namespace, engine: str, mode: str):
+    """``attnmt serve RUN`` with ``engine`` and micro-batching ``mode`` in a subprocess:
+    yields its URL and process id, once it answers."""
+    if engine == "ctranslate2":               # export before the clock: not part of serving
+        from attnmt.translator import Translator
+
+        Translator.from_run(args.run, engine="ctranslate2")
+    port = free_port()
+    command = [sys.executable, "-m", "attnmt", "serve", args.run, "--port", str(port),
+               "--threads", str(args.threads), "--max-texts", "64", "--engine", engine]
+    if mode == "off":
+        command.append("--no-micro-batch")
+    with tempfile.TemporaryFile() as server_log:
+        server = subprocess.Popen(command, stderr=server_log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until_up(url, server, server_log)
+            yield url, server.pid
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 def benchmark(args: argparse.Namespace) -> None:
@@ -184,6 +331,12 @@ def benchmark(args: argparse.Namespace) -> None:
     from attnmt.config import load_config
     from attnmt.data.corpus import find_language_file, read_lines
 
+    if args.attacks:
+        for engine in args.engines:
+            print(f"\n## {engine}\n")
+            with served(args, engine, "on") as (url, pid):
+                asyncio.run(attacks(url, pid))
+        return
     config = load_config(Path(args.run) / "config.yaml")
     texts = read_lines(find_language_file(Path(args.data) / "test_2016_flickr", config.data.src_lang))
     print(f"{args.requests} requests, {args.clients} concurrent clients, beam {args.beam}, "
@@ -192,25 +345,9 @@ def benchmark(args: argparse.Namespace) -> None:
           "server RSS max MB | /health max s | abusive answers |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for engine, mode in ((engine, mode) for engine in args.engines for mode in args.micro_batching):
-        if engine == "ctranslate2":           # export before the clock: not part of serving
-            from attnmt.translator import Translator
-
-            Translator.from_run(args.run, engine="ctranslate2")
-        port = free_port()
-        command = [sys.executable, "-m", "attnmt", "serve", args.run, "--port", str(port),
-                   "--threads", str(args.threads), "--max-texts", "64", "--engine", engine]
-        if mode == "off":
-            command.append("--no-micro-batch")
-        with tempfile.TemporaryFile() as server_log:
-            server = subprocess.Popen(command, stderr=server_log)
-            try:
-                url = f"http://127.0.0.1:{port}"
-                wait_until_up(url, server, server_log)
-                result = asyncio.run(load_with_abuse(url, server.pid, texts, args.requests,
-                                                     args.clients, args.beam, args.abuse))
-            finally:
-                server.terminate()
-                server.wait(timeout=30)
+        with served(args, engine, mode) as (url, pid):
+            result = asyncio.run(load_with_abuse(url, pid, texts, args.requests, args.clients,
+                                                 args.beam, args.abuse))
         abusive = ", ".join(f"{status}: {count}" for status, count in sorted(result["abusive"].items()))
         print(f"| {engine} | {mode} | {result['answered']} | {result['failed']} | "
               f"{result['seconds']:.1f} | {result['answered'] / result['seconds']:.1f} | "

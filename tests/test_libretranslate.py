@@ -141,6 +141,24 @@ def test_the_language_pair_picks_the_model_and_auto_detects(client, translators)
                                         "de->en, fr->en"}
 
 
+def test_a_request_routed_to_several_models_is_budgeted_once(translators):
+    # With source: auto, each model's share was checked against max_work alone, so a request
+    # routed to N models could cost N x max_work.
+    from attnmt.serve import Options, request_cost
+
+    shares = {lang: request_cost(translators[f"{lang}_en"], split_sentences(text, lang)[0],
+                                 Options(5, 1, None, False)).work
+              for lang, text in (("de", GERMAN), ("fr", FRENCH))}
+    limits = Limits(max_chars=100, max_work=max(shares.values()) + 1)
+    with TestClient(create_app(translators, limits)) as client:
+        for text in (GERMAN, FRENCH):
+            alone = client.post("/translate", json={"q": text, "source": "auto", "target": "en"})
+            assert alone.status_code == 200, alone.text
+        both = client.post("/translate", json={"q": [GERMAN, FRENCH], "source": "auto",
+                                               "target": "en"})
+        assert both.status_code == 400 and f"> max_work {limits.max_work}" in both.json()["error"]
+
+
 def test_languages_lists_the_served_pairs(client):
     assert client.get("/languages").json() == [
         {"code": "de", "name": "German", "targets": ["en"]},
