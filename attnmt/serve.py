@@ -295,8 +295,8 @@ class MicroBatcher:
         of every client with the same options, least charged first, up to ``max_texts``."""
         if not self.waiting:
             return []
-        clients = sorted(self.waiting, key=self.charged.__getitem__)
-        self.least_charged = self.charged[clients[0]]
+        clients = sorted(self.waiting, key=lambda client: self.charged.get(client, 0.0))
+        self.least_charged = self.charged.get(clients[0], 0.0)
         options = self.waiting[clients[0]][0].options
         batch, texts = [], 0
         for client in clients:

@@ -11,7 +11,8 @@ requests, throughput and p50/p99 latency. With ``--abuse K``, K more clients sen
 heaviest requests the limits let through or must refuse (:data:`ABUSIVE`) for as long
 as the load runs, while the server's resident memory and the time ``/health`` takes
 to answer are sampled every 100 ms; it prints their maxima and the abusive answers
-by status.
+by status. Each client sends an API key of its own, so the server tells them apart (as
+it would clients at different addresses).
 
 With ``--attacks``, it sends instead each malformed or pathological request of
 :func:`attack_requests` (bodies up to 1 MiB) alone and prints its answer and the server's
@@ -181,7 +182,8 @@ async def abuse(url: str, clients: int, stop: asyncio.Event) -> dict:
         index = first
         while not stop.is_set():
             try:
-                response = await session.post(f"{url}/translate", json=ABUSIVE[index % len(ABUSIVE)])
+                response = await session.post(f"{url}/translate", json={
+                    **ABUSIVE[index % len(ABUSIVE)], "api_key": f"abusive-{first}"})
                 status = response.status_code
             except httpx2.HTTPError:
                 status = 0
@@ -235,14 +237,15 @@ async def load(url: str, texts: list[str], requests: int, clients: int, beam: in
     for index in range(requests):
         queue.put_nowait(index)
 
-    async def client(session: httpx2.AsyncClient):
+    async def client(session: httpx2.AsyncClient, key: str):
         nonlocal failures
         while not queue.empty():
             index = queue.get_nowait()
             text = texts[index % len(texts)]
             start = time.perf_counter()
             try:
-                response = await session.post(f"{url}/translate", json={"text": text, "beam": beam})
+                response = await session.post(f"{url}/translate", json={"text": text, "beam": beam,
+                                                                         "api_key": key})
                 ok = response.status_code == 200 and \
                     response.json()["translations"][0]["source"] == text
             except httpx2.HTTPError:
@@ -253,7 +256,7 @@ async def load(url: str, texts: list[str], requests: int, clients: int, beam: in
     limits = httpx2.Limits(max_connections=clients)
     async with httpx2.AsyncClient(timeout=300, limits=limits) as session:
         start = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(clients)))
+        await asyncio.gather(*(client(session, f"normal-{number}") for number in range(clients)))
         seconds = time.perf_counter() - start
     latencies.sort()
     return {"answered": len(latencies), "failed": failures, "seconds": seconds,
@@ -311,8 +314,12 @@ def served(args: argparse.Namespace, engine: str, mode: str):
 
         Translator.from_run(args.run, engine="ctranslate2")
     port = free_port()
+    keys = Path(tempfile.mkdtemp()) / "keys.txt"            # one key a client: who is who
+    keys.write_text("".join(f"normal-{number}\n" for number in range(args.clients)) +
+                    "".join(f"abusive-{number}\n" for number in range(args.abuse)))
     command = [sys.executable, "-m", "attnmt", "serve", args.run, "--port", str(port),
                "--threads", str(args.threads), "--max-texts", "64", "--engine", engine]
+    command += [] if args.attacks else ["--api-keys", str(keys)]
     if mode == "off":
         command.append("--no-micro-batch")
     with tempfile.TemporaryFile() as server_log:

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from attnmt import documents
 from attnmt.documents import MalformedHtml, parse_html, split_sentences
 from attnmt.libretranslate import ApiKeys
-from attnmt.serve import Limits, create_app
+from attnmt.serve import create_app
 from attnmt.translator import Translator
 from test_serve import free_port, start_server
 
