@@ -60,14 +60,26 @@ ABUSIVE = [
 def attack_requests() -> list[tuple[str, str, bytes, dict]]:
     """``(name, path, body, headers)`` of the requests that once cost a server error or
     minutes of CPU: malformed bodies, keys that are not strings, pathological texts and
-    HTML, each as large as the body limit (1 MiB) allows."""
+    HTML, each as large as the body limit (1 MiB) allows, and the texts also as large as the
+    response budget lets through to parsing and splitting (480,000 characters)."""
     mib = (1 << 20) - 200
     json_type = {"Content-Type": "application/json"}
 
     def libre(q, **fields) -> bytes:
         return json.dumps({"q": q, "source": "de", "target": "en", **fields}).encode()
 
-    return [
+    within = 480_000
+    passing = [
+        ("full stops without spaces, 480 K", libre("aaaaa." * (within // 6) + "x B")),
+        ("nested tags, 480 K", libre("<b>x" * (within // 4), format="html")),
+        ("unclosed tags, 480 K", libre("<a" * (within // 2), format="html")),
+        ("nested tags under the tag bound, 480 K",
+         libre("<b>" + "x" * 40 + "<i>y" * 9000 + "z" * (within - 36_100), format="html")),
+        ("unclosed attribute, 480 K", libre('<p title="' + "<a " * (within // 3), format="html")),
+        ("many sentences, 480 K", libre("Ein Hund rennt. " * (within // 16))),
+        ("one word per line, 480 K", libre("zwei\n" * (within // 5))),
+    ]
+    return [(name, "/translate", body, json_type) for name, body in passing] + [
         ("nested JSON, /translate", "/translate", b"[" * mib, json_type),
         ("nested JSON, /detect", "/detect", b"[" * mib, json_type),
         ("a 5,000-digit beam", "/translate", b'{"text": "x", "beam": ' + b"9" * 5000 + b"}",
