@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-inflight-body-bytes", type=int, default=64 << 20,
                        help="declared sizes of the request bodies arriving at once; beyond "
                             "it 503 with Retry-After")
+    serve.add_argument("--refusal-delay", type=float, default=1.0, metavar="SECONDS",
+                       help="an address refused again within SECONDS of its last refusal gets "
+                            "its answer after SECONDS (0: at once)")
     serve.add_argument("--no-micro-batch", action="store_true",
                        help="decode each request alone instead of batching concurrent ones")
     serve.add_argument("--batch-wait-ms", type=float, default=5.0,
@@ -550,7 +553,7 @@ def run_serve(args) -> int:
                     args.max_body_bytes, args.max_work, args.max_queue_work,
                     args.max_response_values, args.max_queue_response_values,
                     args.max_html_tags, args.body_timeout, args.max_connections,
-                    args.max_inflight_body_bytes)
+                    args.max_inflight_body_bytes, args.refusal_delay)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 1 (or 0: the engine's default), got {args.workers}")
     if args.client_rate < 0:

@@ -18,7 +18,9 @@ length limit x beam, 413 above ``max_work``; the numbers its response may carry,
 above ``max_response_values``) and the cost already waiting (503 with ``Retry-After``
 above ``max_queue_work`` or ``max_queue_response_values``), so one client can neither
 hold the only worker for long, nor make the server build a response it cannot hold,
-nor starve the others. Responses are rendered to JSON in a thread of their own.
+nor starve the others. Clients share the worker fairly (:class:`MicroBatcher`): each is
+charged the seconds its requests took, decoding and rendering their responses, and the
+least charged waiting client goes next.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Limits:
     body_timeout: float = 10.0     # seconds a request body may take to arrive
     max_connections: int = 1000    # requests in progress (bodies arriving, or answered)
     max_inflight_body_bytes: int = 64 << 20     # declared sizes of the bodies arriving
+    refusal_delay: float = 0.0     # an address refused again within it waits that long (serve: 1)
 
 
 class SampleRequest(BaseModel):
@@ -232,6 +235,7 @@ class _Pending:
     options: Options
     future: asyncio.Future
     client: str
+    finish: Callable[[list[Translation]], object] | None = None   # run after decoding
 
 
 class MicroBatcher:
@@ -252,11 +256,16 @@ class MicroBatcher:
         self.waiting: dict[str, collections.deque[_Pending]] = {}
         self.charged: collections.OrderedDict[str, float] = collections.OrderedDict()
         self.least_charged = 0.0                     # of the clients waiting at the last batch
+        self.in_flight: set[str] = set()             # clients whose batch is being decoded
+        self.answered: dict[str, float] = {}         # client: when its last batch ended
         self.arrived: asyncio.Event | None = None
         self.workers: list[asyncio.Task] = []
 
-    async def translate(self, texts: list[str], options: Options,
-                        client: str = "") -> list[Translation]:
+    async def translate(self, texts: list[str], options: Options, client: str = "",
+                        finish: Callable[[list[Translation]], object] | None = None):
+        """The translations of ``texts``, or what ``finish`` makes of them: it runs in the
+        worker after the batch (a response rendered, self-attention computed), its time
+        charged to ``client`` alone."""
         if self.arrived is None:
             self.arrived = asyncio.Event()
             self.workers = [asyncio.create_task(self._work()) for _ in range(self.count)]
@@ -266,7 +275,7 @@ class MicroBatcher:
             self.charged[client] = max(self.charged.pop(client, 0.0), self.least_charged)
             while len(self.charged) > MOST_CLIENTS_REMEMBERED:
                 self.charged.popitem(last=False)
-        self.waiting[client].append(_Pending(texts, options, future, client))
+        self.waiting[client].append(_Pending(texts, options, future, client, finish))
         self.arrived.set()
         return await future
 
@@ -281,11 +290,35 @@ class MicroBatcher:
                 self.arrived.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.arrived.wait(), deadline - loop.time())
+            if self._owed_elsewhere(loop.time()):       # hold the worker for a client
+                self.arrived.clear()                   # between two of its requests
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.arrived.wait(), BETWEEN_REQUESTS)
+                continue
             batch = self._take_batch()
             if batch:
-                started = loop.time()
-                await self._run(batch, batch[0].options)
-                self._charge(batch, loop.time() - started)
+                clients = {p.client for p in batch}
+                self.in_flight.update(clients)
+                try:
+                    await self._run(batch, batch[0].options)
+                finally:
+                    self.in_flight.difference_update(clients)
+                    now = loop.time()
+                    self.answered.update((client, now) for client in clients)
+
+    def _owed_elsewhere(self, now: float) -> bool:
+        """Whether a client charged less than every waiting one is between two requests
+        (its request being decoded by another worker, or answered within
+        :data:`BETWEEN_REQUESTS`): the worker then waits for it rather than start a
+        request of a client that has had more than its share."""
+        least = min(self.charged.get(client, 0.0) for client in self.waiting)
+        for client, answered in list(self.answered.items()):
+            if now - answered > BETWEEN_REQUESTS:
+                del self.answered[client]
+            elif client not in self.waiting and self.charged.get(client, least) < least:
+                return True
+        return any(self.charged.get(client, least) < least for client in self.in_flight
+                   if client not in self.waiting)
 
     def _waiting_texts(self) -> int:
         return sum(len(p.texts) for queue in self.waiting.values() for p in queue)
@@ -309,32 +342,44 @@ class MicroBatcher:
                 del self.waiting[client]
         return batch
 
-    def _charge(self, batch: list[_Pending], seconds: float) -> None:
-        texts = sum(len(p.texts) for p in batch) or 1
-        for p in batch:
-            if p.client in self.charged:
-                self.charged[p.client] += seconds * max(len(p.texts), 1) / texts
+    def _charge(self, client: str, seconds: float) -> None:
+        if client in self.charged:
+            self.charged[client] += seconds
 
     async def _run(self, pending: list[_Pending], options: Options) -> None:
         """Decode the requests together; if that fails, each alone, so that only a request
         at fault gets an error, and one that speaks of its own texts only."""
+        loop = asyncio.get_running_loop()
         texts = [text for p in pending for text in p.texts]
+        started = loop.time()
         try:
             results = await run_translation(self.translator, self.executor, texts, options)
         except Exception as error:
             if len(pending) == 1:
+                self._charge(pending[0].client, loop.time() - started)
                 _settle(pending[0].future, error=error)
             else:
                 for p in pending:
                     await self._run([p], options)
             return
-        start = 0
+        seconds, start = loop.time() - started, 0
         for p in pending:
-            _settle(p.future, results[start:start + len(p.texts)])
+            mine = results[start:start + len(p.texts)]
             start += len(p.texts)
+            self._charge(p.client, seconds * max(len(p.texts), 1) / max(len(texts), 1))
+            if p.finish is None:
+                _settle(p.future, mine)
+                continue
+            started = loop.time()
+            try:
+                _settle(p.future, await loop.run_in_executor(self.executor, p.finish, mine))
+            except Exception as error:
+                _settle(p.future, error=error)
+            self._charge(p.client, loop.time() - started)
 
 
 MOST_CLIENTS_REMEMBERED = 10_000
+BETWEEN_REQUESTS = 0.1     # seconds a client answered is expected back with its next request
 
 
 def _settle(future: asyncio.Future, result=None, error: Exception | None = None) -> None:
@@ -560,12 +605,18 @@ class Served:
         return cls(name, translator, executor, batcher, {"name": name, **model_info(translator, limits)},
                    min(translator.config.decode.beam, limits.max_beam))
 
-    async def translate(self, texts: list[str], options: Options,
-                        client: str = "") -> list[Translation]:
-        """``client``: who asks (an API key, else an address), for the batcher's fair share."""
+    async def translate(self, texts: list[str], options: Options, client: str = "",
+                        finish: Callable[[list[Translation]], object] | None = None):
+        """The translations, or what ``finish`` makes of them in the worker (see
+        :meth:`MicroBatcher.translate`); ``client``: who asks (an API key, else an
+        address), for the batcher's fair shares."""
         if self.batcher is not None:
-            return await self.batcher.translate(texts, options, client)
-        return await run_translation(self.translator, self.executor, texts, options)
+            return await self.batcher.translate(texts, options, client, finish)
+        translations = await run_translation(self.translator, self.executor, texts, options)
+        if finish is None:
+            return translations
+        return await asyncio.get_running_loop().run_in_executor(self.executor, finish,
+                                                                translations)
 
     def options(self, request: TranslateRequest, texts: list[str]) -> Options:
         """The request's decoding options, checked against this model (422 naming the field)."""
@@ -608,11 +659,20 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
     info = {**default.info, "models": [model.info for model in models.values()],
             "api_keys": api_keys is not None}
     waiting = {"work": 0, "values": 0}             # accepted and not yet answered, all models
-    renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1)   # one large response at a time
     page = resources.files("attnmt").joinpath("static/index.html").read_text(encoding="utf-8")
     documents_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # parse, split, encode
     libre_api = LibreTranslateApi(models, limits, waiting, documents_pool)
     clients = libre.RateWindow()
+
+    refusals = RefusalDelay(limits.refusal_delay)
+
+    async def refuse(error: Exception, request: Request, libre_shape: bool) -> JSONResponse:
+        """The error's answer (:func:`error_response`), held back by :class:`RefusalDelay`
+        when the request's address was refused a moment ago."""
+        response = error_response(error, libre_shape)
+        if 400 <= response.status_code < 500 or response.status_code == 503:
+            await refusals.hold(request.client.host if request.client else "unknown")
+        return response
 
     def admit_client(request: Request) -> None:
         if client_rate:
@@ -648,7 +708,7 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
                 api_keys.admit(found.get("api_key"))
             return await libre_api.detect(found)
         except Exception as error:
-            return error_response(error, libre_shape=True)
+            return await refuse(error, request, libre_shape=True)
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -659,7 +719,7 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             except ValueError as error:
                 parsed, unreadable = None, error
         except Exception as error:
-            return error_response(error, libre_shape=True)
+            return await refuse(error, request, libre_shape=True)
         if libre.is_libretranslate(request.headers.get("content-type", ""),
                                    request.query_params, parsed):
             return await translate_libre(request, parsed)
@@ -677,9 +737,10 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             check_cost(cost, limits)
             with reserved(waiting, cost, limits):
                 body = await _translate(model, texts, options,
-                                        client_of(request, translation_request.api_key))
+                                        client_of(request, translation_request.api_key
+                                                  if api_keys else None))
         except Exception as error:
-            return error_response(error, libre_shape=False)
+            return await refuse(error, request, libre_shape=False)
         return Response(body, media_type="application/json")
 
     async def translate_libre(request: Request, parsed: object):
@@ -689,28 +750,51 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
                 api_keys.admit(found.get("api_key"))
             libre_request = libre.read_request(found)
             return await libre_api.translate(libre_request,
-                                             client_of(request, libre_request.api_key))
+                                             client_of(request, libre_request.api_key
+                                                       if api_keys else None))
         except Exception as error:
-            return error_response(error, libre_shape=True)
+            return await refuse(error, request, libre_shape=True)
 
     async def _translate(model: Served, texts: list[str], options: Options, client: str) -> bytes:
-        """The response body, rendered off the event loop."""
-        loop = asyncio.get_running_loop()
-        translations = await model.translate(texts, options, client)
-        maps = [None] * len(translations)
-        if options.self_attention:
-            for index, translation in enumerate(translations):
-                if translation.best.ids:
-                    maps[index] = await loop.run_in_executor(
-                        model.executor, model.translator.self_attention, translation)
-        return await loop.run_in_executor(renderer, render, model.name, translations,
-                                          options.attention, maps)
+        """The response body: self-attention maps and the JSON rendered in the model's
+        worker after decoding, off the event loop, their time counted in the client's share."""
+        def finish(translations: list[Translation]) -> bytes:
+            maps = [model.translator.self_attention(translation)
+                    if options.self_attention and translation.best.ids else None
+                    for translation in translations]
+            return render(model.name, translations, options.attention, maps)
+
+        return await model.translate(texts, options, client, finish)
 
     return app
 
 
+class RefusalDelay:
+    """Refusals in a loop cost the server (and its other clients) as much as answers: an
+    address refused again within ``seconds`` of its last refusal gets the next one only
+    after ``seconds``, which costs the server nothing (the request waits on the event
+    loop). A client that corrects its request is not slowed; one that ignores the answers
+    and sends them again is held to about one refusal per ``seconds`` per connection. The
+    10,000 most recently refused addresses are remembered."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.last: collections.OrderedDict[str, float] = collections.OrderedDict()
+
+    async def hold(self, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        last = self.last.pop(address, None)
+        if self.seconds and last is not None and loop.time() - last < self.seconds:
+            self.last[address] = loop.time() + self.seconds
+            await asyncio.sleep(self.seconds)
+        self.last[address] = loop.time()
+        while len(self.last) > MOST_CLIENTS_REMEMBERED:
+            self.last.popitem(last=False)
+
+
 def client_of(request: Request, api_key: str | None) -> str:
-    """Who sends a request, for fair shares: its API key, else its address."""
+    """Who sends a request, for fair shares: its API key (a key the server checked), else
+    its address."""
     if api_key:
         return f"key {api_key}"
     return f"address {request.client.host if request.client else 'unknown'}"

@@ -249,3 +249,30 @@ def test_one_clients_heavy_requests_do_not_hold_the_worker_from_the_others():
     second_heavy = finished.index(("heavy", 1))
     assert [name for name, _ in finished[:second_heavy]].count("light") == 10, finished
     assert batcher.charged["heavy"] >= 1.5 > 0.5 > batcher.charged["light"]
+
+
+def test_an_address_refused_again_at_once_waits_for_its_answer(tiny_runs, monkeypatch):
+    # Refusals sent in a loop cost the server as much as answers (about 350 a second held
+    # the normal clients to a third of their throughput): the second of two refusals in a
+    # row from one address is answered after the delay, at no cost to the server.
+    import asyncio
+
+    from attnmt.serve import Limits
+
+    slept = []
+    original_sleep = asyncio.sleep
+
+    async def recorded_sleep(seconds, *args):
+        slept.append(seconds)
+        return await original_sleep(min(seconds, 0.01), *args)
+
+    monkeypatch.setattr("attnmt.serve.asyncio.sleep", recorded_sleep)
+    app = create_app(Translator.from_run(tiny_runs["transformer"]), Limits(refusal_delay=2.0))
+    with TestClient(app) as client:
+        bad = {"text": "sieben", "beam": 0}
+        assert [client.post("/translate", json=bad).status_code for _ in range(3)] == [422] * 3
+        assert slept == [2.0, 2.0]                          # the first at once, then held
+        assert client.post("/translate", json={"text": "sieben"}).status_code == 200
+        assert slept == [2.0, 2.0]                          # answers are never held
+        detect = client.post("/detect", json={"q": 5})
+        assert detect.status_code == 400 and slept == [2.0, 2.0, 2.0]
