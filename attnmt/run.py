@@ -13,6 +13,7 @@ Translating with CTranslate2 reads run directories without PyTorch, so what need
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -48,9 +49,6 @@ def say(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
-HELD_RUNS: list = []          # the lock files of the runs this process trains, kept open
-
-
 class RunDirectory:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -62,24 +60,24 @@ class RunDirectory:
         self.checkpoints = self.path / "checkpoints"
         self.average = self.path / "average.json"      # only in an average of runs
 
-    def hold(self) -> None:
-        """Hold the run for this process's lifetime (a lock the system frees when the process
+    @contextlib.contextmanager
+    def held(self):
+        """Hold the run while the block runs (a lock the system also frees when the process
         ends, however it ends): a second trainer on the run is refused in one line."""
         import fcntl
 
-        handle = open(self.path / ".lock", "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise UserError(f"{self.path} is being trained by process {holder}; wait for it to "
-                            "end or stop it, then run the command again to resume") from None
-        handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        HELD_RUNS.append(handle)
+        with open(self.path / ".lock", "a+", encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                raise UserError(f"{self.path} is being trained by process {holder}; wait for it "
+                                "to end or stop it, then run the command again to resume") from None
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            yield
 
     def exists(self) -> bool:
         """Whether training has saved a state to resume from."""

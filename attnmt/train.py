@@ -589,11 +589,10 @@ def train_config(config: Config, run_dir: str | Path) -> Path:
     run = open_run(config, run_dir)
     cluster = init_cluster(resolve_device(config.train.device).type)
     try:
-        if cluster.is_main:
-            run.hold()
-        if cluster.is_main and not run.exists():    # a resumed run saves it once its state is accepted
-            save_config(config, run.config)
-        Trainer(config, run, prepare_data(config, run, cluster), cluster).fit()
+        with run.held() if cluster.is_main else contextlib.nullcontext():
+            if cluster.is_main and not run.exists():   # a resumed run saves it once its state is accepted
+                save_config(config, run.config)
+            Trainer(config, run, prepare_data(config, run, cluster), cluster).fit()
     finally:
         shutdown(cluster)
     return run.path

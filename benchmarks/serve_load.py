@@ -167,17 +167,21 @@ async def slow_bodies(url: str, count: int) -> None:
         answer = await session.post(f"{url}/translate", json={"text": "Ein Hund rennt."})
         translate_seconds = time.perf_counter() - start
 
-    async def closed(reader) -> float:
-        await reader.read()                    # until the server closes the connection
-        return time.perf_counter() - started
+    async def closed(reader) -> tuple[float, bytes]:
+        said = await reader.read()             # until the server closes the connection
+        return time.perf_counter() - started, said[9:12]
 
     ends = await asyncio.gather(*(closed(reader) for reader, _ in connections))
     for reader, writer in connections:
         writer.close()
+    statuses = {}
+    for _, status in ends:
+        statuses[status.decode()] = statuses.get(status.decode(), 0) + 1
     print(f"\n{count} slow bodies opened in {opened:.1f} s; meanwhile /health {health} in "
           f"{health_seconds:.2f} s, a translation {answer.status_code} in {translate_seconds:.2f} s "
-          f"({answer.text[:50]!r}); every connection closed by the server within "
-          f"{max(ends):.1f} s of the first opening", flush=True)
+          f"({answer.text[:50]!r}); answered {dict(sorted(statuses.items()))}, every connection "
+          f"closed by the server within {max(end for end, _ in ends):.1f} s of the first "
+          "opening", flush=True)
 
 
 def free_port() -> int:

@@ -163,9 +163,10 @@ def test_stopping_the_pipeline_stops_its_step(recipe_folder, stop):
 
 def test_a_run_being_trained_is_not_trained_twice(tiny_config, tmp_path):
     (tmp_path / "run").mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from attnmt.run import "
-                               "RunDirectory; RunDirectory(sys.argv[1]).hold(); print(1, flush=True); "
-                               "time.sleep(120)", str(tmp_path / "run")], stdout=subprocess.PIPE)
+    hold = ("import sys, time; from attnmt.run import RunDirectory\n"
+            "with RunDirectory(sys.argv[1]).held():\n    print(1, flush=True)\n    time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path / "run")],
+                              stdout=subprocess.PIPE)
     try:
         assert holder.stdout.readline().strip() == b"1"
         second = subprocess.run([sys.executable, "-m", "attnmt", "train", tiny_config, "--run-dir",
@@ -243,17 +244,17 @@ def test_a_step_records_the_minutes_of_every_try(tmp_path, monkeypatch):
     (tmp_path / "one.yaml").write_text("steps:\n  fast:\n    export: runs/model\n")
     clock, outcomes = [0.0], iter([1, KeyboardInterrupt, 0])
 
-    def fake_run(arguments, stdout, **_):      # each try takes 2, 3 and 4 minutes
+    def fake_run(arguments, log):              # each try takes 2, 3 and 4 minutes
         clock[0] += 60 * (2 + fake_run.tries)
         fake_run.tries += 1
         outcome = next(outcomes)
-        stdout.write("the step's own last line\n")
+        log.write("the step's own last line\n")
         if outcome is KeyboardInterrupt:
             raise KeyboardInterrupt
-        return subprocess.CompletedProcess(arguments, outcome)
+        return outcome
 
     fake_run.tries = 0
-    monkeypatch.setattr(module.subprocess, "run", fake_run)
+    monkeypatch.setattr(module, "run_step_process", fake_run)
     monkeypatch.setattr(module.time, "perf_counter", lambda: clock[0])
     plan = Pipeline(tmp_path / "one.yaml", tmp_path / "work")
     with pytest.raises(UserError, match="step fast failed: the step's own last line "):
