@@ -236,6 +236,7 @@ class _Pending:
     future: asyncio.Future
     client: str
     finish: Callable[[list[Translation]], object] | None = None   # run after decoding
+    work: int = 0                  # its decoding work (:class:`Cost`), to estimate its seconds
 
 
 class MicroBatcher:
@@ -243,11 +244,14 @@ class MicroBatcher:
     ``workers`` batches are decoded at once (each in a thread of ``executor``).
 
     Clients (an API key, else an address) share the workers fairly: each is charged the
-    seconds its texts took (a batch's time split by texts), and the next batch starts with
-    the oldest request of the waiting client charged least, joined by the requests of the
-    others with the same options, least charged first. A client that sends heavy requests
-    pays for them and waits while the others catch up; one that arrives or returns is
-    charged at least what the least charged waiting client is, so idling earns nothing."""
+    seconds its requests took (a batch's decoding split by texts, and its own rendering),
+    and the next batch starts with the oldest request of the waiting client that will have
+    been charged least once it has run (its seconds estimated from its work, at the running
+    seconds per unit of work), joined by the others' requests with the same options. A
+    client that sends heavy requests pays for them and waits while the others catch up, and
+    the worker waits a moment for a client between two requests that is owed more; one that
+    arrives or returns is charged at least what the least charged waiting client is, so
+    idling earns nothing."""
 
     def __init__(self, translator: Translator, executor: concurrent.futures.Executor,
                  wait_ms: float, max_texts: int, workers: int = 1):
@@ -258,14 +262,17 @@ class MicroBatcher:
         self.least_charged = 0.0                     # of the clients waiting at the last batch
         self.in_flight: set[str] = set()             # clients whose batch is being decoded
         self.answered: dict[str, float] = {}         # client: when its last batch ended
+        self.seconds_per_work = 0.0                  # of the batches decoded, a running mean
         self.arrived: asyncio.Event | None = None
         self.workers: list[asyncio.Task] = []
 
     async def translate(self, texts: list[str], options: Options, client: str = "",
-                        finish: Callable[[list[Translation]], object] | None = None):
+                        finish: Callable[[list[Translation]], object] | None = None,
+                        work: int = 0):
         """The translations of ``texts``, or what ``finish`` makes of them: it runs in the
         worker after the batch (a response rendered, self-attention computed), its time
-        charged to ``client`` alone."""
+        charged to ``client`` alone. ``work``: the request's :class:`Cost` work, from which
+        its seconds are estimated before it runs."""
         if self.arrived is None:
             self.arrived = asyncio.Event()
             self.workers = [asyncio.create_task(self._work()) for _ in range(self.count)]
@@ -275,7 +282,7 @@ class MicroBatcher:
             self.charged[client] = max(self.charged.pop(client, 0.0), self.least_charged)
             while len(self.charged) > MOST_CLIENTS_REMEMBERED:
                 self.charged.popitem(last=False)
-        self.waiting[client].append(_Pending(texts, options, future, client, finish))
+        self.waiting[client].append(_Pending(texts, options, future, client, finish, work))
         self.arrived.set()
         return await future
 
@@ -311,7 +318,7 @@ class MicroBatcher:
         (its request being decoded by another worker, or answered within
         :data:`BETWEEN_REQUESTS`): the worker then waits for it rather than start a
         request of a client that has had more than its share."""
-        least = min(self.charged.get(client, 0.0) for client in self.waiting)
+        least = min(map(self._due, self.waiting))
         for client, answered in list(self.answered.items()):
             if now - answered > BETWEEN_REQUESTS:
                 del self.answered[client]
@@ -328,7 +335,7 @@ class MicroBatcher:
         of every client with the same options, least charged first, up to ``max_texts``."""
         if not self.waiting:
             return []
-        clients = sorted(self.waiting, key=lambda client: self.charged.get(client, 0.0))
+        clients = sorted(self.waiting, key=self._due)
         self.least_charged = self.charged.get(clients[0], 0.0)
         options = self.waiting[clients[0]][0].options
         batch, texts = [], 0
@@ -341,6 +348,13 @@ class MicroBatcher:
             if not queue:
                 del self.waiting[client]
         return batch
+
+    def _due(self, client: str) -> float:
+        """What ``client`` will have been charged once its next request has run (its
+        seconds estimated from its work): heavy requests go after the light ones that would
+        end sooner."""
+        return self.charged.get(client, 0.0) + \
+            self.seconds_per_work * self.waiting[client][0].work
 
     def _charge(self, client: str, seconds: float) -> None:
         if client in self.charged:
@@ -363,6 +377,9 @@ class MicroBatcher:
                     await self._run([p], options)
             return
         seconds, start = loop.time() - started, 0
+        work = sum(p.work for p in pending)
+        if work:
+            self.seconds_per_work += 0.2 * (seconds / work - self.seconds_per_work)
         for p in pending:
             mine = results[start:start + len(p.texts)]
             start += len(p.texts)
@@ -606,12 +623,13 @@ class Served:
                    min(translator.config.decode.beam, limits.max_beam))
 
     async def translate(self, texts: list[str], options: Options, client: str = "",
-                        finish: Callable[[list[Translation]], object] | None = None):
+                        finish: Callable[[list[Translation]], object] | None = None,
+                        work: int = 0):
         """The translations, or what ``finish`` makes of them in the worker (see
         :meth:`MicroBatcher.translate`); ``client``: who asks (an API key, else an
-        address), for the batcher's fair shares."""
+        address), for the batcher's fair shares; ``work``: the request's decoding work."""
         if self.batcher is not None:
-            return await self.batcher.translate(texts, options, client, finish)
+            return await self.batcher.translate(texts, options, client, finish, work)
         translations = await run_translation(self.translator, self.executor, texts, options)
         if finish is None:
             return translations
@@ -736,7 +754,7 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
             cost = request_cost(model.translator, texts, options)
             check_cost(cost, limits)
             with reserved(waiting, cost, limits):
-                body = await _translate(model, texts, options,
+                body = await _translate(model, texts, options, cost.work,
                                         client_of(request, translation_request.api_key
                                                   if api_keys else None))
         except Exception as error:
@@ -755,7 +773,8 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
         except Exception as error:
             return await refuse(error, request, libre_shape=True)
 
-    async def _translate(model: Served, texts: list[str], options: Options, client: str) -> bytes:
+    async def _translate(model: Served, texts: list[str], options: Options, work: int,
+                         client: str) -> bytes:
         """The response body: self-attention maps and the JSON rendered in the model's
         worker after decoding, off the event loop, their time counted in the client's share."""
         def finish(translations: list[Translation]) -> bytes:
@@ -764,7 +783,7 @@ def create_app(translators: Translator | dict[str, Translator], limits: Limits =
                     for translation in translations]
             return render(model.name, translations, options.attention, maps)
 
-        return await model.translate(texts, options, client, finish)
+        return await model.translate(texts, options, client, finish, work)
 
     return app
 
@@ -998,8 +1017,9 @@ class LibreTranslateApi:
         check_cost(total, self.limits)
         decoded = {}
         with reserved(self.waiting, total, self.limits):
-            for route, model, sentences, options, _ in batches:
-                decoded[route] = iter(await model.translate(sentences, options, client)
+            for route, model, sentences, options, cost in batches:
+                decoded[route] = iter(await model.translate(sentences, options, client,
+                                                            work=cost.work)
                                       if sentences else [])
         return [[next(decoded[text.route]) for _ in text.sentences] for text in prepared]
 
