@@ -861,6 +861,21 @@ def check_splittable(texts: list[str], most_sentences: int, limits: Limits) -> N
                               "less text")
 
 
+def _rebuilder(split: list[tuple[list[str], list[str]]],
+               document: documents.HtmlDocument | None) -> Callable[[list[str]], str]:
+    """How a text comes back from its sentences' translations: each run's sentences joined
+    into its layout (``split``: each run's sentences and gaps), the runs written into the
+    HTML ``document`` (or the one run, for plain text)."""
+    def rebuild(out: list[str]) -> str:
+        joined, start = [], 0
+        for sentences, gaps in split:
+            joined.append(documents.join_sentences(out[start:start + len(sentences)], gaps))
+            start += len(sentences)
+        return joined[0] if document is None else document.rebuild(joined)
+
+    return rebuild
+
+
 class LibreTranslateApi:
     """LibreTranslate's ``/translate`` and ``/detect`` over the served models: the pair picks
     the model, texts are cut into sentences, and the sentences of a request are decoded as one
@@ -940,17 +955,9 @@ class LibreTranslateApi:
             route, detected = self.route(request.source, request.target, " ".join(text_runs))
             language = detected["language"] if detected else request.source
             split = [documents.split_sentences(run, language) for run in text_runs]
-
-            def rebuild(out: list[str], split=split, document=None if request.format == "text"
-                        else parsed[index]) -> str:
-                joined, start = [], 0
-                for sentences, gaps in split:
-                    joined.append(documents.join_sentences(out[start:start + len(sentences)], gaps))
-                    start += len(sentences)
-                return joined[0] if document is None else document.rebuild(joined)
-
             prepared.append(_Text(route, [s for sentences, _ in split for s in sentences],
-                                  rebuild, detected))
+                                  _rebuilder(split, None if request.format == "text"
+                                             else parsed[index]), detected))
         return prepared
 
     async def translate(self, request: libre.LibreRequest, client: str = "") -> Response:
