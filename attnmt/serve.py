@@ -968,9 +968,10 @@ class LibreTranslateApi:
         most = min(self.limits.max_beam, self.limits.max_n_best)
         if n_best > most:
             raise libre.ApiError(400, f"Invalid request: alternatives must be at most {most - 1}")
-        size = sum(map(len, texts)) * n_best                 # what the answer re-emits
+        characters = sum(map(len, texts))
+        size = characters * n_best                           # what the answer re-emits
         if size > self.limits.max_response_values:
-            raise LimitError(413, f"the texts have {sum(map(len, texts))} characters, "
+            raise LimitError(413, f"the texts have {characters} characters, "
                                   f"{size} with alternatives > max_response_values "
                                   f"{self.limits.max_response_values}; send less text or ask "
                                   "for fewer alternatives")
@@ -979,7 +980,7 @@ class LibreTranslateApi:
         async def off_the_loop(work):
             """Long documents are handled in a thread of their own, so that /health and short
             requests answer meanwhile; a few sentences cost less than the hand-over."""
-            if sum(map(len, texts)) <= ON_THE_LOOP:
+            if characters <= ON_THE_LOOP:
                 return work()
             return await loop.run_in_executor(self.documents_pool, work)
 
