@@ -98,15 +98,33 @@ class RunDirectory:
     def load_model(self, checkpoint: str = "best"):
         """``(config, source tokenizer, target tokenizer, model)`` with the weights of
         ``checkpoint`` (see :meth:`weights`), on the CPU."""
-        from attnmt.checkpoint import load_weights
         from attnmt.model import build_model
 
         self.require_config()
         config = load_config(self.config)
         source_tokenizer, target_tokenizer = load_tokenizers(self.path)
         model = build_model(config.model, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-        load_weights(model, self.weights(checkpoint))
+        self.restore(model, checkpoint)
         return config, source_tokenizer, target_tokenizer, model
+
+    def restore(self, model, checkpoint: str = "best") -> None:
+        """Load the weights of ``checkpoint`` (see :meth:`weights`) into ``model``; an export
+        (``attnmt export``) has one model, its weights read back from CTranslate2's file."""
+        from attnmt.checkpoint import load_weights
+
+        if not self.is_export():
+            load_weights(model, self.weights(checkpoint))
+            return
+        if checkpoint not in ("best", "last"):
+            raise UserError(f"{self.path} is an export, which holds one model and no checkpoint "
+                            f"{checkpoint}")
+        from attnmt.export_weights import load_export
+
+        load_export(model, self.path)
+
+    def is_export(self) -> bool:
+        """Whether the folder was written by ``attnmt export`` (a CTranslate2 model)."""
+        return (self.path / "model.bin").is_file()
 
     def require_config(self) -> None:
         """Raise UserError unless the directory holds a run's ``config.yaml``."""
@@ -288,6 +306,10 @@ def inherit(config: Config, run_dir: str | Path | None = None) -> Config:
     init, shared = config.train.init_from, config.data.tokenizer_from
     if not (init or shared):
         return config
+    from attnmt.shipped import shipped_path
+
+    init, shared = (shipped_path(name) for name in (init, shared))
+    config = replace(config, train=replace(config.train, init_from=init))
     if init and shared and Path(shared).resolve() != Path(init).resolve():
         raise UserError(f"train.init_from ({init}) and data.tokenizer_from ({shared}) name "
                         "different runs: a fine-tuned model keeps the tokenizers of its weights")
@@ -322,7 +344,7 @@ def inherit(config: Config, run_dir: str | Path | None = None) -> Config:
                 raise UserError(f"train.init_from: {source} has model.{name} {before[name]!r}, "
                                 f"this config {value!r}; fine-tuning keeps the architecture")
         weights = origin.weights(config.train.init_checkpoint)
-        if not weights.is_file():
+        if not origin.is_export() and not weights.is_file():
             raise UserError(f"train.init_from: {weights} not found (train.init_checkpoint: "
                             "best, last or a checkpoint file)")
     data = replace(config.data, tokenizer_from=str(source),
@@ -330,11 +352,6 @@ def inherit(config: Config, run_dir: str | Path | None = None) -> Config:
     return replace(config, data=data)
 
 
-def initial_weights(config: Config) -> Path | None:
-    """The file a fine-tuning run's weights start from (``train.init_from``), or None."""
-    if not config.train.init_from:
-        return None
-    return RunDirectory(config.train.init_from).weights(config.train.init_checkpoint)
 
 
 @dataclass

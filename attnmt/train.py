@@ -37,7 +37,7 @@ from attnmt.masks import padding_mask, target_mask
 from attnmt.model import Seq2Seq, build_model
 from attnmt.process import resolve_device, resolve_precision
 from attnmt.run import (RunDirectory, TrainingData, changed_settings, default_run_dir, inherit,
-                        initial_weights, open_run, prepare_data, say)
+                        open_run, prepare_data, say)
 from attnmt.schedule import budget_progress, learning_rate
 from attnmt.search import greedy_search
 from attnmt.transformer import FeedForward
@@ -145,11 +145,11 @@ class Trainer:
         torch.manual_seed(self.train_config.seed)          # the same initial weights everywhere
         self.model = build_model(config.model, data.source_tokenizer.vocab_size,
                                  data.target_tokenizer.vocab_size).to(self.device)
-        start = initial_weights(config)
-        if start is not None and not run.exists():        # a resumed run loads its own
-            load_weights(self.model, start)
+        start = config.train.init_from
+        if start and not run.exists():                    # a resumed run loads its own
+            RunDirectory(start).restore(self.model, config.train.init_checkpoint)
             if cluster.is_main:
-                say(f"fine-tuning from {start}")
+                say(f"fine-tuning from {start} ({config.train.init_checkpoint})")
         if cluster.rank:                                  # different dropout on every rank
             torch.manual_seed(self.train_config.seed + 7919 * cluster.rank)
         self.ffn_dropouts = [module.hidden_dropout for module in self.model.modules()
