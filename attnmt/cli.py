@@ -19,6 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnmt {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    models = commands.add_parser("models", help="list the shipped models (translate with "
+                                                "'attnmt translate NAME')",
+                                 description="The models shipped with attnmt, one line each: "
+                                             "what it is and its BLEU; NAME/README.md is its "
+                                             "model card. Every command that takes a run takes "
+                                             "a shipped model's name.")
+    models.set_defaults(handler=run_models)
+
     demo = commands.add_parser("demo", help="train on German -> English number words and show "
                                             "the attention (no download, ~3 minutes)")
     demo.add_argument("--run", default="runs/demo", help="run directory (default: runs/demo)")
@@ -38,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--init-from", metavar="RUN",
                        help="fine-tune: start from RUN's weights (train.init_checkpoint: best) and "
                             "tokenizers, with a fresh optimizer, schedule and step count "
-                            "(train.init_from)")
+                            "(train.init_from); RUN may be an export or a shipped model")
     train.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                        help="train with N processes on this machine (data parallel, started "
                             "through torch.distributed.run, like torchrun)")
@@ -198,9 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Serve POST /translate, GET /health, GET /info and "
                                             "the attention viewer at GET /. Several runs are "
                                             "served side by side; a request's 'model' names one.")
-    serve.add_argument("run", nargs="+", metavar="RUN",
-                       help="run directory or exported folder, as NAME=RUN to name it (default "
-                            "name: the folder's); the first is the default model")
+    serve.add_argument("run", nargs="*", metavar="RUN",
+                       help="run directory, exported folder or shipped model, as NAME=RUN to "
+                            "name it (default name: the folder's); the first is the default "
+                            "model (default: every shipped model, see 'attnmt models')")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--max-chars", type=int, default=1000, help="characters per text")
@@ -269,11 +278,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, ensemble: bool = False
                          several_alphas: bool = False) -> None:
     if ensemble:
         parser.add_argument("run", nargs="+", metavar="RUN",
-                            help="run directory made by 'attnmt train' or folder made by 'attnmt "
-                                 "export'; several runs: their ensemble (same vocabulary)")
+                            help="run directory made by 'attnmt train', folder made by 'attnmt "
+                                 "export', or a shipped model's name (de-en, ...: 'attnmt "
+                                 "models'); several runs: their ensemble (same vocabulary)")
     else:
-        parser.add_argument("run", help="run directory made by 'attnmt train' or folder made by "
-                                        "'attnmt export'")
+        parser.add_argument("run", help="run directory made by 'attnmt train', folder made by "
+                                        "'attnmt export', or a shipped model's name")
     parser.add_argument("--beam", type=int, help="beam size (1 = greedy; default: the run's decode.beam)")
     if several_alphas:
         parser.add_argument("--alpha", type=float, nargs="+",
@@ -342,7 +352,9 @@ def load_translator(args, runs: list[str] | None = None):
 
     if args.beam is not None and args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
-    runs = runs or (args.run if isinstance(args.run, list) else [args.run])
+    from attnmt.shipped import resolve
+
+    runs = [resolve(run) for run in runs or (args.run if isinstance(args.run, list) else [args.run])]
     engine = args.engine
     if engine == "auto":
         engine = "ctranslate2" if len(runs) == 1 and is_exported(runs[0]) else "torch"
@@ -512,8 +524,12 @@ def run_synthesize(args) -> int:
 
 
 def run_plot(args) -> int:
+    import importlib.util
+
     from attnmt.plot import plot_sentence
 
+    if args.engine == "auto" and importlib.util.find_spec("torch"):
+        args.engine = "torch"             # every layer and head, an export's read back from int8
     paths = plot_sentence(load_translator(args), args.sentence, args.output, args.beam,
                           args.self_attention, args.target_lang)
     for path in paths:
@@ -548,6 +564,7 @@ def run_experiment(args) -> int:
 def run_serve(args) -> int:
     from attnmt.libretranslate import ApiKeys
     from attnmt.serve import Limits, serve
+    from attnmt.shipped import shipped_models
 
     limits = Limits(args.max_chars, args.max_texts, args.max_beam, args.max_n_best,
                     args.max_body_bytes, args.max_work, args.max_queue_work,
@@ -560,7 +577,10 @@ def run_serve(args) -> int:
         raise UserError(f"--client-rate must be at least 0, got {args.client_rate}")
     api_keys = ApiKeys.from_file(args.api_keys) if args.api_keys else None
     args.beam, args.target_lang = None, None
-    translators = {name: load_translator(args, [run]) for name, run in named_runs(args.run)}
+    runs = args.run or list(shipped_models())
+    if not runs:
+        raise UserError("name the runs or exports to serve: no shipped model is installed")
+    translators = {name: load_translator(args, [run]) for name, run in named_runs(runs)}
     print(f"serving {', '.join(translators)} on http://{args.host}:{args.port}/", file=sys.stderr)
     serve(translators, args.host, args.port, limits, not args.no_micro_batch, args.batch_wait_ms,
           args.workers, api_keys, args.client_rate, args.forwarded_allow_ips)
@@ -580,6 +600,13 @@ def named_runs(runs: list[str]) -> list[tuple[str, str]]:
     if repeated:
         raise UserError(f"two served models are named {repeated[0]!r}; name them with NAME=RUN")
     return named
+
+
+def run_models(args) -> int:
+    from attnmt.shipped import summaries
+
+    print(summaries())
+    return 0
 
 
 def run_pipeline(args) -> int:
@@ -644,7 +671,7 @@ def run_evaluate(args) -> int:
                 sources, args.beam, 1, alpha, args.batch_tokens, target_lang=args.target_lang)]
             if args.hyp:
                 Path(args.hyp).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-            scores = score_corpus(hypotheses, references, args.lowercase)
+            scores = score_corpus(hypotheses, references, args.lowercase, target)
             if args.test or len(alphas) > 1:
                 print(f"{source_file}" + (f", alpha {alpha}:" if len(alphas) > 1 else ":"))
             print(scores.summary())
@@ -682,11 +709,12 @@ def print_table(rows: list, with_alpha: bool) -> None:
     """One row per (set, length penalty); with several penalties an alpha column, and each
     set's penalty of highest BLEU (the first given of those tied)."""
     alpha_column = ("alpha | ", "--- | ") if with_alpha else ("", "")
-    print(f"\n| test set | {alpha_column[0]}sentences | BLEU | chrF | TER |\n"
-          f"| --- | {alpha_column[1]}--- | --- | --- | --- |")
+    print(f"\n| test set | {alpha_column[0]}sentences | BLEU | chrF | TER | BLEU lc tok |\n"
+          f"| --- | {alpha_column[1]}--- | --- | --- | --- | --- |")
     for name, alpha, count, scores in rows:
         alpha_cell = f"{alpha} | " if with_alpha else ""
-        print(f"| {name} | {alpha_cell}{count} | {scores.bleu:.2f} | {scores.chrf:.2f} | {scores.ter:.2f} |")
+        print(f"| {name} | {alpha_cell}{count} | {scores.bleu:.2f} | {scores.chrf:.2f} | "
+              f"{scores.ter:.2f} | {scores.bleu_tok_lc:.2f} |")
     if not with_alpha:
         return
     for name in dict.fromkeys(row[0] for row in rows):

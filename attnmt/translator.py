@@ -27,6 +27,7 @@ from attnmt.data.tokenizers import load_tokenizers
 from attnmt.decoding import Hypothesis, Sampling, SearchOptions
 from attnmt.errors import UserError
 from attnmt.run import RunDirectory
+from attnmt.shipped import resolve
 
 ENGINES = ("auto", "torch", "ctranslate2")
 
@@ -82,7 +83,8 @@ class Translator:
     def from_run(cls, path: str | Path, checkpoint: str = "best", precision: str = "fp32",
                  device: str = "cpu", engine: str = "auto", quantization: str | None = None,
                  threads: int = 0) -> "Translator":
-        """Load ``config.yaml``, the tokenizers and the weights of a run (or an export).
+        """Load ``config.yaml``, the tokenizers and the weights of a run, an export, or a
+        shipped model by name (``"de-en"``, :mod:`attnmt.shipped`).
 
         ``checkpoint`` is ``best`` (falls back to ``last``), ``last``, or a file path.
         ``precision``: ``fp32``, ``bf16`` or ``auto`` (the PyTorch engine: bf16 autocast
@@ -106,6 +108,7 @@ class Translator:
             raise UserError(f"engine must be one of {', '.join(ENGINES)}; got {engine!r}")
         if not paths:
             raise UserError("no run to translate with")
+        paths = [resolve(path) for path in paths]
         runs = [RunDirectory(path) for path in paths]
         for run in runs:
             run.require_config()
