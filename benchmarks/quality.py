@@ -22,6 +22,10 @@ With ``--pipeline WORK`` (the run is a step of ``attnmt pipeline RECIPE --work W
 the record adds the recipe's compute and final scores from ``WORK/pipeline.json``:
 ``extra.recipe_minutes`` per step, ``extra.recipe_hours`` in all, on this machine, and
 ``extra.recipe_scores``, what its evaluate steps printed (the int8 export's BLEU).
+With ``--export FOLDER`` the trained run is exported as int8 into FOLDER and the export is
+scored instead, on the CTranslate2 engine (the record of a shipped model in ``models/``),
+with its BLEU on ``val`` in ``extra.valid_bleu_beam5``. Every test set's record holds the
+literature's BLEU too (``bleu_tok_lc``: lowercased, Moses-tokenised, multi-bleu's figure).
 ``--test NAME=PREFIX`` scores another test set too (``iwslt17_test=TED/test``), recorded
 under NAME beside Multi30k's.
 
@@ -97,10 +101,11 @@ def present_test_sets(data_dir: str, src_lang: str, tgt_lang: str) -> list[str]:
 
 def test_scores(run: Path, data_dir: str, others: dict[str, str] | None = None) -> dict:
     """``run``'s scores on each Multi30k test set present and on ``others`` (name: the
-    prefix of a set's two language files), with its beam."""
+    prefix of a set's two language files), with its beam; an export (``attnmt export``) is
+    scored on the CTranslate2 engine, as the deployment install translates."""
     from attnmt.config import load_config
     from attnmt.process import configure
-    from attnmt.translator import Translator
+    from attnmt.translator import Translator, is_exported
 
     configure()
     config = load_config(run / "config.yaml")
@@ -108,8 +113,24 @@ def test_scores(run: Path, data_dir: str, others: dict[str, str] | None = None) 
     scores = set_scores(translator, data_dir, config)
     for name, prefix in (others or {}).items():
         scores[name] = scores_on(translator, Path(prefix), config)
-    return {"parameters": translator.model.num_parameters(), "beam": config.decode.beam,
-            "test_sets": scores}
+    parameters = (json.loads((run / "export.json").read_text())["parameters"] if is_exported(run)
+                  else translator.model.num_parameters())
+    return {"parameters": parameters, "beam": config.decode.beam, "test_sets": scores}
+
+
+def export_scores(run: Path, export: Path, data_dir: str) -> dict:
+    """Export ``run`` as int8 into ``export`` (replacing an earlier export there) and return
+    the export's BLEU on ``val`` with the run's beam: what a shipped model is chosen by."""
+    from attnmt.config import load_config
+    from attnmt.translator import Translator
+
+    command = [sys.executable, "-m", "attnmt", "export", str(run), str(export), "--force"]
+    if subprocess.run(command).returncode:
+        sys.exit(f"exporting {run} failed; see the messages above")
+    config = load_config(run / "config.yaml")
+    return {"engine": "ctranslate2 int8 (the export in extra.export)", "export": str(export),
+            "valid_bleu_beam5": scores_on(Translator.from_run(export), Path(data_dir) / "val",
+                                          config)["bleu"]}
 
 
 def check_test_files(config_path: str, overrides: list[str], others: dict[str, str]) -> None:
@@ -138,10 +159,12 @@ def scores_on(translator, prefix: Path, config) -> dict:
 
     test = read_parallel(prefix, config.data.src_lang, config.data.tgt_lang)
     hypotheses = [t.best.text for t in translator.translate(test.source)]
-    cased, lowered = score_corpus(hypotheses, test.target), score_corpus(hypotheses, test.target, True)
+    cased = score_corpus(hypotheses, test.target, lang=config.data.tgt_lang)
+    lowered = score_corpus(hypotheses, test.target, True)
     return {"sentences": len(test.source), "bleu": round(cased.bleu, 2), "chrf": round(cased.chrf, 2),
             "ter": round(cased.ter, 2), "bleu_lc": round(lowered.bleu, 2),
-            "chrf_lc": round(lowered.chrf, 2), "signature": cased.signature}
+            "chrf_lc": round(lowered.chrf, 2), "bleu_tok_lc": round(cased.bleu_tok_lc, 2),
+            "signature": cased.signature}
 
 
 def ensemble_record(runs: list[Path], data_dir: str, what: str | None,
@@ -270,13 +293,17 @@ def main() -> None:
     parser.add_argument("--test", action="append", default=[], metavar="NAME=PREFIX",
                         help="another test set, scored beside Multi30k's under NAME: the prefix "
                              "of its two language files, as data.train (PREFIX.de.gz, ...)")
+    parser.add_argument("--export", type=Path, metavar="FOLDER",
+                        help="export the trained run as int8 into FOLDER and score that export "
+                             "on the CTranslate2 engine (a shipped model's record)")
     parser.add_argument("--pipeline", type=Path, metavar="WORK",
                         help="the run is a step of this pipeline folder: record the recipe's "
                              "minutes per step and its final scores")
     args = parser.parse_args()
     if args.ensemble or args.average:
         if (args.ensemble and args.average) or not args.out or args.config or args.run or args.set \
-                or args.pipeline or args.test or (args.ensemble and len(args.ensemble) < 2):
+                or args.pipeline or args.test or args.export \
+                or (args.ensemble and len(args.ensemble) < 2):
             parser.error("--ensemble takes two runs or more and --out (--average: one folder and "
                          "--out), and no CONFIG, --run, --set, --test or --pipeline")
         if args.ensemble and len({run.resolve() for run in args.ensemble}) < len(args.ensemble):
@@ -334,15 +361,20 @@ def score_and_record(args, others: dict[str, str]) -> None:
     train(args.config, args.run, args.data_dir, args.set)
     depends_on = provenance(args.run)
     data = depends_on["config"]["data"]                     # the resolved config, read once
+    extra = {**(recipe or {}), **(export_scores(args.run, args.export, args.data_dir)
+                                  if args.export else {})}
     record = {"what": args.what or " ".join([Path(args.config).stem, *args.set]),
               "direction": "-".join("+".join([data[lang], *data[f"extra_{lang}s"]])
                                     for lang in ("src_lang", "tgt_lang")),
               "config": args.config,
-              "overrides": args.set, **test_scores(args.run, args.data_dir, others),
+              "overrides": args.set, **test_scores(args.export or args.run, args.data_dir, others),
               "training": training_figures(args.run), "provenance": depends_on}
-    if recipe:
-        record["extra"] = recipe
-    write_record(record, args.run / "quality.json", record_folders(args))
+    if extra:
+        record["extra"] = extra
+    folders = record_folders(args)
+    if args.export:
+        folders[args.export.absolute().parent] = "models"
+    write_record(record, args.run / "quality.json", folders)
 
 
 def record_folders(args) -> dict:

@@ -52,7 +52,7 @@ PROVENANCE_KEYS = {"machine": str, "precision": (str, type(None)), "threads": (i
                    "config": (dict, type(None)), "inferred": list}
 SCORE_KEYS = {"bleu": (int, float), "chrf": (int, float, type(None)), "bleu_lc": (int, float, type(None)),
               "chrf_lc": (int, float, type(None)), "signature": (str, type(None))}
-OPTIONAL_SCORE_KEYS = {"ter": (int, float), "sentences": int}
+OPTIONAL_SCORE_KEYS = {"ter": (int, float), "sentences": int, "bleu_tok_lc": (int, float)}
 # A multilingual model's other pair (extra.other_targets.LANG, extra.other_sources.LANG).
 OTHER_PAIR_KEYS = {"valid_bleu_beam5": (int, float), "test_sets": dict}
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
@@ -64,6 +64,18 @@ OPUS_MT = {"de-en": {"test_2016_flickr": 40.5, "test_2017_flickr": 41.5, "test_2
            "en-fr": {"test_2016_flickr": 52.4, "test_2017_flickr": 52.8, "test_2017_mscoco": 54.7},
            "cs-en": {"test_2016_flickr": 38.6},
            "en-cs": {"test_2016_flickr": 33.4}}
+# Published constrained Multi30k systems, BLEU on lowercased Moses-tokenised text (the
+# dataset's *.lc.norm.tok files, multi-bleu), by direction: (system, {test set: BLEU}, source).
+PUBLISHED = {
+    "en-de": [("LIUM-CVC WMT17, text-only NMT", {"test_2016_flickr": 39.00, "test_2017_flickr": 31.25},
+               "github.com/lium-lst/wmt17-mmt (README)"),
+              ("Wu et al. 2021, text-only Transformer-tiny", {"test_2016_flickr": 41.02},
+               "github.com/LividWo/Revisit-MMT (README-baseline.md)"),
+              ("Wu et al. 2021, gated fusion (multimodal)", {"test_2016_flickr": 41.96},
+               "github.com/LividWo/Revisit-MMT (README-gated.md)")],
+    "en-fr": [("LIUM-CVC WMT17, text-only NMT", {"test_2016_flickr": 59.02, "test_2017_flickr": 51.93},
+               "github.com/lium-lst/wmt17-mmt (README)")],
+}
 DIRECTION = re.compile(r"^[a-z]{2,3}(\+[a-z]{2,3})*-[a-z]{2,3}(\+[a-z]{2,3})*$")
 # A path of the machine a run ran on; a record names folders as the documents' commands do
 # (DATA, TED, runs/NAME).
@@ -162,10 +174,10 @@ def language_pair(record: dict, language: str) -> dict:
             "extra": {"valid_bleu_beam5": scores["valid_bleu_beam5"]}}
 
 
-def _bleu(test_set: str):
+def _bleu(test_set: str, key: str = "bleu"):
     def cell(record: dict, name: str) -> str:
-        scores = record["test_sets"].get(test_set)
-        return "" if scores is None else f"{scores['bleu']:.2f}"
+        value = record["test_sets"].get(test_set, {}).get(key)
+        return "" if value is None else f"{value:.2f}"
     return cell
 
 
@@ -174,6 +186,30 @@ def _score(key: str):
         value = record["test_sets"].get("test_2016_flickr", {}).get(key)
         return "" if value is None else f"{value:.2f}"
     return cell
+
+
+def _serves(record: dict, name: str) -> str:
+    """Whether the deployment install (CTranslate2, no PyTorch) serves the model: a shipped
+    model by its name, a single model once exported, an ensemble not at all."""
+    export = record.get("extra", {}).get("export")
+    if export:
+        return f"shipped: `{Path(export).name}`"
+    if record.get("extra", {}).get("runs") and record["parameters"] is None:
+        return "no: an ensemble needs PyTorch"
+    return "once exported"
+
+
+def _beside_published(test_set: str):
+    """A column's per-row function: the lowercased tokenised BLEU on ``test_set``, then each
+    published system's of the direction in brackets."""
+    ours = _bleu(test_set, "bleu_tok_lc")
+
+    def row_cell(records: list[dict]) -> str:
+        scores = " / ".join(cell for cell in (ours(record, "") for record in records) if cell)
+        published = "; ".join(f"{system} {figures[test_set]:.2f}" for system, figures, _ in
+                              PUBLISHED.get(records[0]["direction"], []) if test_set in figures)
+        return f"{scores or '–'} ({published})" if published else scores
+    return row_cell
 
 
 def _training(key: str, form: str):
@@ -247,6 +283,9 @@ COLUMNS = {
     "2017": ("test_2017_flickr", _bleu("test_2017_flickr")),
     "mscoco": ("test_2017_mscoco", _bleu("test_2017_mscoco")),
     "ted": ("TED test (IWSLT17)", _bleu("iwslt17_test")),
+    "2016_tok": ("test_2016_flickr, lc tok", _bleu("test_2016_flickr", "bleu_tok_lc")),
+    "2017_tok": ("test_2017_flickr, lc tok", _bleu("test_2017_flickr", "bleu_tok_lc")),
+    "mscoco_tok": ("test_2017_mscoco, lc tok", _bleu("test_2017_mscoco", "bleu_tok_lc")),
     "chrf": ("chrF", _score("chrf")),
     "bleu_lc": ("BLEU lc", _score("bleu_lc")),
     "chrf_lc": ("chrF lc", _score("chrf_lc")),
@@ -256,6 +295,7 @@ COLUMNS = {
     "recipe_scores": ("the recipe's final scores (int8 export)",
                       lambda record, name: "; ".join(record.get("extra", {}).get("recipe_scores", {}).values())),
     "opus": ("OPUS-MT test_2016_flickr", _opus_mt("test_2016_flickr")),
+    "serves": ("deployable", _serves),
     "time_before": ("time before", lambda record, name: record.get("extra", {}).get("time_before", "")),
     "arguments": ("config and overrides", _arguments),
     "file": ("file", lambda record, name: f"[{name}](results/{name}.json)"),
@@ -263,9 +303,13 @@ COLUMNS = {
 # Columns of a run's own figures: a row of several runs lists each run's (where it has one);
 # the other columns list each distinct value once.
 PER_RUN = {"seed", "minutes", "updates", "tokens_per_s", "valid", "valid_beam5", "greedy", "2016", "2017", "mscoco", "ted",
-           "chrf", "bleu_lc", "chrf_lc", "arguments", "file"}
+           "2016_tok", "2017_tok", "mscoco_tok", "chrf", "bleu_lc", "chrf_lc", "arguments", "file"}
 # Column name -> (header, cell of a row's records).
-ROW_COLUMNS = {"2016_opus": ("test_2016_flickr (OPUS-MT)", _beside_opus("test_2016_flickr")),
+ROW_COLUMNS = {"2016_tok_published": ("test_2016_flickr, lc tok (published)",
+                                      _beside_published("test_2016_flickr")),
+               "2017_tok_published": ("test_2017_flickr, lc tok (published)",
+                                      _beside_published("test_2017_flickr")),
+               "2016_opus": ("test_2016_flickr (OPUS-MT)", _beside_opus("test_2016_flickr")),
                "2017_opus": ("test_2017_flickr (OPUS-MT)", _beside_opus("test_2017_flickr")),
                "mscoco_opus": ("test_2017_mscoco (OPUS-MT)", _beside_opus("test_2017_mscoco"))}
 

@@ -87,7 +87,7 @@ def test_cli_evaluate_never_writes_its_hypotheses_over_what_it_reads(tiny_runs, 
 
 
 def test_cli_evaluate_scores_several_test_sets(tiny_runs, tmp_path):
-    from attnmt.evaluate import score_corpus
+    from attnmt.evaluate import score_corpus, tokenized_lowercased_bleu
     from attnmt.translator import Translator
 
     run = tiny_runs["transformer"]
@@ -104,8 +104,9 @@ def test_cli_evaluate_scores_several_test_sets(tiny_runs, tmp_path):
     for line, (name, (sources, references)) in zip(table, sets.items()):
         hypotheses = [t.best.text for t in translator.translate(sources, beam=2)]
         expected = score_corpus(hypotheses, references)
+        literature = tokenized_lowercased_bleu(hypotheses, references, "en")
         assert line == (f"| {name} | {len(sources)} | {expected.bleu:.2f} | {expected.chrf:.2f} "
-                        f"| {expected.ter:.2f} |")
+                        f"| {expected.ter:.2f} | {literature:.2f} |")
     assert len(table) == 2
     missing = attnmt("evaluate", str(run), "--test", str(tmp_path / "first"), str(tmp_path / "third"))
     assert missing.returncode == 1
@@ -132,10 +133,11 @@ def test_cli_evaluate_scores_each_length_penalty_as_alone_and_names_the_best(tin
     output = result.stdout.decode()
     table = output.split("| test set | alpha |")[1].splitlines()[2:4]
     expected = {alpha: score_corpus([t.best.text for t in translator.translate(
-        sources, beam=4, alpha=alpha)], references) for alpha in (0.0, 3.0)}
+        sources, beam=4, alpha=alpha)], references, lang="en") for alpha in (0.0, 3.0)}
     assert expected[0.0].bleu < 99 < expected[3.0].bleu
     assert table == [f"| val | {alpha} | 5 | {scores.bleu:.2f} | {scores.chrf:.2f} | "
-                     f"{scores.ter:.2f} |" for alpha, scores in expected.items()]
+                     f"{scores.ter:.2f} | {scores.bleu_tok_lc:.2f} |"
+                     for alpha, scores in expected.items()]
     best = max(expected, key=lambda alpha: expected[alpha].bleu)
     assert f"highest BLEU on val: alpha {best} ({expected[best].bleu:.2f})" in output
     one_file = attnmt("evaluate", str(run), "--test", str(tmp_path / "val"), "--alpha", "0", "3",
@@ -185,7 +187,7 @@ def test_cli_evaluate_writes_the_penalty_of_highest_bleu_as_the_runs_default(tin
 def test_cli_refuses_missing_run_and_corrupt_checkpoint(tiny_runs, tmp_path):
     run = tiny_runs["transformer"]
     missing = attnmt("translate", str(tmp_path / "nowhere"), stdin=b"x\n")
-    assert missing.returncode == 1 and b"is not an attnmt run directory" in missing.stderr
+    assert missing.returncode == 1 and b"nowhere: no such run or export folder" in missing.stderr
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(b"\x00" * 64)
     corrupt = attnmt("translate", str(run), "--checkpoint", str(broken), stdin=b"x\n")
