@@ -172,3 +172,26 @@ def test_time_budgeted_presets_schedule_on_the_budget():
         train_config = load_config(preset).train
         assert train_config.max_minutes > 0, preset.name
         assert train_config.schedule in ("linear", "wsd"), f"{preset.name}: {train_config.schedule}"
+
+
+def test_the_example_for_ones_own_files_trains_on_plain_text(tmp_path):
+    """configs/own_corpus.yaml, as its comment says to use it: plain files by prefix."""
+    from pathlib import Path
+
+    from attnmt.train import train
+
+    words = ["ein", "Hund", "eine", "Katze", "läuft", "schläft", "hier", "dort"]
+    english = ["a", "dog", "a", "cat", "runs", "sleeps", "here", "there"]
+    lines = [(f"{words[i % 8]} {words[(i * 3) % 8]}", f"{english[i % 8]} {english[(i * 3) % 8]}")
+             for i in range(200)]
+    data = tmp_path / "my_data"
+    data.mkdir()
+    for split in ("train", "valid"):
+        (data / f"{split}.de").write_text("".join(de + "\n" for de, _ in lines))
+        (data / f"{split}.en").write_text("".join(en + "\n" for _, en in lines))
+    preset = Path(__file__).resolve().parents[1] / "configs" / "own_corpus.yaml"
+    run = train(preset, tmp_path / "mine",
+                [f"data.train={data / 'train'}", f"data.valid={data / 'valid'}",
+                 "data.vocab_size=40", "train.max_steps=3", "train.validate_every=3",
+                 "train.max_minutes=0", "train.threads=1"])
+    assert (run / "best.safetensors").is_file()
