@@ -815,10 +815,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ModuleNotFoundError as error:
-        if error.name != "torch":
+        if error.name not in ("torch", "matplotlib"):
             raise
-        print(f"attnmt: error: {needs_torch(args.command)}: pip install torch=={TORCH_VERSION}",
-              file=sys.stderr)
+        needs = (f"{needs_torch(args.command)}: pip install torch=={TORCH_VERSION}"
+                 if error.name == "torch" else "drawing needs matplotlib: pip install matplotlib")
+        print(f"attnmt: error: {needs}", file=sys.stderr)
         return 1
     except UserError as error:
         print(f"attnmt: error: {error}", file=sys.stderr)

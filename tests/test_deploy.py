@@ -121,3 +121,23 @@ def test_libretranslate_clients_talk_to_the_deployment_install(deploy_python, ex
 
     french = export_run(french_run, tmp_path / "fr_en")
     clients_talk_to(deploy_python, [f"de_en={exported}", f"fr_en={french}"])
+
+
+def test_the_shipped_models_install_with_the_deployment_environment(deploy_python, tmp_path):
+    """Run outside the repository, so that the installed package (and its models) answers."""
+    def installed(*args, stdin=""):
+        return subprocess.run([deploy_python, "-m", "attnmt", *args], input=stdin, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+
+    where = subprocess.run([deploy_python, "-c", "import attnmt.shipped as s; "
+                            "print(s.models_folder())"], cwd=tmp_path, capture_output=True, text=True)
+    assert "site-packages/attnmt/shipped_models" in where.stdout, where.stdout + where.stderr
+    listed = installed("models")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[:6]] == [
+        "cs-en", "de-en", "en-cs", "en-de", "en-fr", "fr-en"]
+    translated = installed("translate", "de-en", stdin="Ein Hund rennt.\n")
+    assert translated.returncode == 0 and translated.stdout.strip(), translated.stderr
+    plot = installed("plot", "de-en", "Ein Hund rennt.", "-o", str(tmp_path / "a.png"))
+    assert plot.returncode == 1
+    assert plot.stderr == "attnmt: error: drawing needs matplotlib: pip install matplotlib\n"
