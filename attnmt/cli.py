@@ -635,6 +635,7 @@ def run_clean(args) -> int:
 def run_evaluate(args) -> int:
     from attnmt.data.corpus import find_language_file, read_lines
     from attnmt.evaluate import bleu_by_length, score_corpus
+    from attnmt.shipped import resolve
 
     if bool(args.test) == bool(args.src or args.ref) or bool(args.src) != bool(args.ref):
         raise UserError("give --src FILE and --ref FILE (one test set) or --test PREFIX ... "
@@ -684,7 +685,7 @@ def run_evaluate(args) -> int:
     if args.test or len(alphas) > 1:
         print_table(rows, with_alpha=len(alphas) > 1)
     if args.write_alpha:
-        write_alpha(Path(args.run[0]), translator.config, highest_bleu(rows, rows[0][0])[1])
+        write_alpha(resolve(args.run[0]), translator.config, highest_bleu(rows, rows[0][0])[1])
     return 0
 
 
