@@ -145,11 +145,13 @@ class Trainer:
         torch.manual_seed(self.train_config.seed)          # the same initial weights everywhere
         self.model = build_model(config.model, data.source_tokenizer.vocab_size,
                                  data.target_tokenizer.vocab_size).to(self.device)
-        start = config.train.init_from
-        if start and not run.exists():                    # a resumed run loads its own
-            RunDirectory(start).restore(self.model, config.train.init_checkpoint)
+        start = RunDirectory(config.train.init_from) if config.train.init_from else None
+        if start is not None and not run.exists():        # a resumed run loads its own
+            start.restore(self.model, config.train.init_checkpoint)
             if cluster.is_main:
-                say(f"fine-tuning from {start} ({config.train.init_checkpoint})")
+                which = ("an export, its weights read back from int8" if start.is_export()
+                         else config.train.init_checkpoint)
+                say(f"fine-tuning from {start.path} ({which})")
         if cluster.rank:                                  # different dropout on every rank
             torch.manual_seed(self.train_config.seed + 7919 * cluster.rank)
         self.ffn_dropouts = [module.hidden_dropout for module in self.model.modules()
