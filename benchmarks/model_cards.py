@@ -1,0 +1,146 @@
+"""Write the model card (``models/NAME/README.md``) of each shipped model from its record.
+
+    python benchmarks/model_cards.py NAME=RECORD [NAME=RECORD ...]
+
+NAME is a folder of ``models/`` (an int8 export, ``attnmt export RUN models/NAME``) and
+RECORD its record in ``docs/results/`` (written by ``python benchmarks/quality.py CONFIG
+--run RUN --export models/NAME``). The card's front matter (YAML) carries what ``attnmt
+models`` prints and what ``tests/test_shipped.py`` checks: the summary, the record's
+scores, and an example sentence with the translation each engine gives (CTranslate2 int8,
+and PyTorch with the weights read back from int8). Its text says what the model is, how it
+was trained and on what, its scores beside OPUS-MT's and the published systems', and the
+data's terms. Nothing in a card is typed by hand: change the record, then rerun this.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results import OPUS_MT, PUBLISHED, TEST_SETS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGUAGES = {"de": "German", "en": "English", "fr": "French", "cs": "Czech"}
+EXAMPLES = {"de": "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
+            "en": "A man rides a bicycle through the city.",
+            "fr": "Un homme fait du vélo dans la ville.",
+            "cs": "Muž jede na kole přes město."}
+TERMS = ("The model was trained on Multi30k (Elliott et al. 2016; French: Elliott et al. 2017; "
+         "Czech: Barrault et al. 2018), image descriptions from Flickr30k, whose terms allow "
+         "non-commercial research and education only: use the model within them. attnmt's "
+         "code is MIT-licensed.")
+
+
+def example(folder: Path, source_lang: str) -> dict:
+    """The example sentence and its translation by each engine."""
+    from attnmt.process import configure
+    from attnmt.translator import Translator
+
+    configure(1)
+    sentence = EXAMPLES[source_lang]
+    translations = {engine: Translator.from_run(folder, engine=engine, threads=1)
+                    .translate([sentence])[0].best.text for engine in ("ctranslate2", "torch")}
+    return {"source": sentence, "translation": translations["ctranslate2"],
+            "pytorch_translation": translations["torch"]}
+
+
+def front_matter(name: str, record: dict, record_path: str, folder: Path) -> dict:
+    source, target = record["direction"].split("-")
+    training = record["training"]
+    machine = record["provenance"]["machine"]
+    threads = record["provenance"]["threads"]
+    summary = (f"{LANGUAGES[source]} -> {LANGUAGES[target]}, Transformer "
+               f"({record['parameters'] / 1e6:.1f}M parameters), int8; trained "
+               f"{training['minutes']:g} minutes ({threads} thread{'s' * (threads > 1)}) on "
+               f"Multi30k on a {machine}.")
+    scores = {test_set: {key: record["test_sets"][test_set][key]
+                         for key in ("bleu", "chrf", "bleu_tok_lc")}
+              for test_set in TEST_SETS if test_set in record["test_sets"]}
+    return {"name": name, "summary": summary, "direction": record["direction"],
+            "record": record_path, "license": "Multi30k: non-commercial research and education",
+            "scores": scores, "opus_mt": OPUS_MT.get(record["direction"], {}),
+            "valid_bleu_beam5": record.get("extra", {}).get("valid_bleu_beam5"),
+            "example": example(folder, source)}
+
+
+def score_table(fields: dict) -> str:
+    published = PUBLISHED.get(fields["direction"], [])
+    rows = ["| test set | BLEU | chrF | BLEU, lowercased Moses-tokenised | OPUS-MT (BLEU) | "
+            "published systems (lowercased tokenised BLEU) |", "| --- | --- | --- | --- | --- | --- |"]
+    for test_set, score in fields["scores"].items():
+        others = "; ".join(f"{system} {figures[test_set]:.2f}" for system, figures, _ in published
+                           if test_set in figures) or "none found"
+        opus = fields["opus_mt"].get(test_set)
+        rows.append(f"| {test_set} | {score['bleu']:.2f} | {score['chrf']:.2f} | "
+                    f"{score['bleu_tok_lc']:.2f} | {'' if opus is None else f'{opus:.1f}'} | {others} |")
+    sources = "".join(f"\n- {system}: {source}" for system, _, source in published)
+    gaps = ", ".join(f"{test_set} {score['bleu'] - fields['opus_mt'][test_set]:+.2f}"
+                     for test_set, score in fields["scores"].items() if test_set in fields["opus_mt"])
+    return ("\n".join(rows) + f"\n\nAgainst OPUS-MT (cased BLEU): {gaps}."
+            + ("\n\nSources of the published figures:" + sources if sources else ""))
+
+
+def card(name: str, record: dict, record_path: str, folder: Path) -> str:
+    fields = front_matter(name, record, record_path, folder)
+    source, target = fields["direction"].split("-")
+    training, provenance = record["training"], record["provenance"]
+    overrides = " ".join(f"--set {override}" for override in record["overrides"])
+    size = (folder / "model.bin").stat().st_size / 1e6
+    return f"""---
+{yaml.safe_dump(fields, allow_unicode=True, sort_keys=False)}---
+# {name}: {LANGUAGES[source]} -> {LANGUAGES[target]}
+
+{fields['summary']}
+
+```sh
+echo "{fields['example']['source']}" | attnmt translate {name}
+# {fields['example']['translation']}
+```
+
+## What it is
+
+attnmt's Transformer ({record['parameters']:,} parameters; `{record['config']}`), exported with
+`attnmt export` as int8 CTranslate2 weights ({size:.1f} MB `model.bin`) with its SentencePiece
+tokenizers: the deployment install (`pip install ./deploy`) translates and serves it without
+PyTorch; the full install also loads it into the PyTorch engine (weights read back from int8)
+for the attention lab and for `attnmt train CONFIG --init-from {name}`. Beam {record['beam']}.
+
+## How it was trained
+
+{record['what']}: `attnmt train {record['config']} {overrides}` for {training['minutes']:g} minutes of training
+({training['updates']:,} updates, {training['tokens_per_s']:,} target tokens/s) on a
+{provenance['machine']}, {provenance['precision']}, {provenance['threads']} thread(s), seed
+{provenance['seed']}, on {provenance['date']}; chosen on `val` (beam 5 BLEU of the export:
+{fields['valid_bleu_beam5']}). Record: [{record_path}](../../{record_path}). The recipes of
+[docs/recipes.md](../../docs/recipes.md) (back-translation, a second hour, distillation) and
+a faster machine make better models of this direction: [docs/results.md](../../docs/results.md).
+
+## Scores
+
+Beam {record['beam']}, the int8 export on CTranslate2; BLEU and chrF are cased sacreBLEU
+on detokenised text, beside it BLEU in the published systems' convention.
+
+{score_table(fields)}
+
+## Terms
+
+{TERMS}
+"""
+
+
+def main() -> None:
+    for argument in sys.argv[1:]:
+        name, _, record_path = argument.partition("=")
+        folder = ROOT / "models" / name
+        record = json.loads((ROOT / record_path).read_text())
+        (folder / "README.md").write_text(card(name, record, record_path, folder), encoding="utf-8")
+        print(f"wrote {folder / 'README.md'}")
+
+
+if __name__ == "__main__":
+    main()
