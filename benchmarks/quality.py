@@ -371,10 +371,7 @@ def score_and_record(args, others: dict[str, str]) -> None:
               "training": training_figures(args.run), "provenance": depends_on}
     if extra:
         record["extra"] = extra
-    folders = record_folders(args)
-    if args.export:
-        folders[args.export.absolute().parent] = "models"
-    write_record(record, args.run / "quality.json", folders)
+    write_record(record, args.run / "quality.json", record_folders(args))
 
 
 def record_folders(args) -> dict:
