@@ -191,8 +191,8 @@ def _score(key: str):
 def _serves(record: dict, name: str) -> str:
     """Whether the deployment install (CTranslate2, no PyTorch) serves the model: a shipped
     model by its name, a single model once exported, an ensemble not at all."""
-    export = record.get("extra", {}).get("export")
-    if export:
+    export = record.get("extra", {}).get("export", "")
+    if export.startswith("models/"):
         return f"shipped: `{Path(export).name}`"
     if record.get("extra", {}).get("runs") and record["parameters"] is None:
         return "no: an ensemble needs PyTorch"
