@@ -97,5 +97,10 @@ def summaries() -> str:
     if not shipped:
         return ("no shipped models are installed (the repository's models/ folder, or "
                 f"${MODELS_ENV})")
-    lines = [Card.read(folder).line() for folder in shipped.values()]
+    lines = []
+    for name, folder in shipped.items():
+        try:
+            lines.append(Card.read(folder).line())
+        except UserError as error:          # the model still translates: say what is wrong
+            lines.append(f"{name:6}  ({error})")
     return "\n".join(lines + [f"\nmodel cards: {models_folder()}/NAME/{CARD}"])
