@@ -51,13 +51,11 @@ def example(folder: Path, source_lang: str) -> dict:
 
 def front_matter(name: str, record: dict, record_path: str, folder: Path) -> dict:
     source, target = record["direction"].split("-")
-    training = record["training"]
     machine = record["provenance"]["machine"]
-    threads = record["provenance"]["threads"]
+    how = record["what"].removeprefix("shipped: ")
     summary = (f"{LANGUAGES[source]} -> {LANGUAGES[target]}, Transformer "
-               f"({record['parameters'] / 1e6:.1f}M parameters), int8; trained "
-               f"{training['minutes']:g} minutes ({threads} thread{'s' * (threads > 1)}) on "
-               f"Multi30k on a {machine}.")
+               f"({record['parameters'] / 1e6:.1f}M parameters), int8; {how}; Multi30k, "
+               f"a {machine}.")
     scores = {test_set: {key: record["test_sets"][test_set][key]
                          for key in ("bleu", "chrf", "bleu_tok_lc")}
               for test_set in TEST_SETS if test_set in record["test_sets"]}
