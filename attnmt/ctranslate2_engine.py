@@ -97,7 +97,7 @@ class CTranslate2Engine:
         if not (folder / "model.bin").is_file():
             _export_on_first_use(path, folder, quantization, checkpoint)
         # Batches in parallel, one thread each: measured faster on 2 cores than two threads
-        # per batch (docs/performance.md).
+        # per batch (records/performance.md).
         engine = ctranslate2.Translator(str(folder), device=device, compute_type=quantization,
                                         inter_threads=threads or cpu_cores(), intra_threads=1)
         return cls(engine, config, source_tokenizer, target_tokenizer, quantization,

@@ -31,7 +31,7 @@ def configure(threads: int = 0) -> int:
     Subnormal floats (below 1.2e-38) are flushed to zero: as training converges, small
     gradients and Adam's second moments fall into that range, where the CPU's arithmetic
     is many times slower; a bf16 Transformer step at update 15,000 took 227 ms with them
-    and 209 ms without (docs/performance.md). No result changes measurably.
+    and 209 ms without (records/performance.md). No result changes measurably.
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
     torch.set_flush_denormal(True)
@@ -56,7 +56,7 @@ def keep_freed_memory() -> None:
     such tensor pays a page fault per 4 KiB before any arithmetic. Turning ``mmap`` off
     and trimming only above 1 GiB lets those blocks be reused: beam-5 decoding of 1,000
     test sentences had 5x fewer page faults and ran about 10% faster on 2 cores, bf16
-    training about 6% faster (docs/performance.md). Blocks too big for a thread's arena
+    training about 6% faster (records/performance.md). Blocks too big for a thread's arena
     are then served from the main one. A no-op where the C library is not glibc.
     """
     try:

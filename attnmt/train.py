@@ -2,7 +2,7 @@
 
 Training on an existing run directory resumes it exactly: the same batches, the
 same dropout masks, the same losses as a run that was never interrupted (with a step
-budget; a time budget depends on the machine's speed, see docs/configuration.md).
+budget; a time budget depends on the machine's speed, see records/configuration.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 # preset with train.max_steps=1, its weights deleted), and mono/mono.S.gz (task 2's
 # captions absent from task 1's train and val, as recipes/en_de.yaml writes them). OUT
 # gets syn/*.tar.gz (the translated pairs, both sides cut to their common length) and
-# logs.tar.gz (every log, each run's config.yaml and log.csv). docs/results.md says what
+# logs.tar.gz (every log, each run's config.yaml and log.csv). records/studies.md says what
 # one H200 gave (GPU teachers). A dry run on a CPU, to check the script in minutes:
 # DEV=cpu TEACH_TIMEOUT=1500 TRAIN='--set train.max_steps=2 --set train.validate_every=2'
 # VAL=10 TRAIN_LINES=15 MONO_LINES=12 (the first lines of val, train and the captions).

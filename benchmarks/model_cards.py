@@ -3,7 +3,7 @@
     python benchmarks/model_cards.py NAME=RECORD [NAME=RECORD ...]
 
 NAME is a folder of ``models/`` (an int8 export, ``attnmt export RUN models/NAME``) and
-RECORD its record in ``docs/results/`` (written by ``python benchmarks/quality.py CONFIG
+RECORD its record in ``records/results/`` (written by ``python benchmarks/quality.py CONFIG
 --run RUN --export models/NAME``). The card's front matter (YAML) carries what ``attnmt
 models`` prints and what ``tests/test_shipped.py`` checks: the summary, the record's
 scores, and an example sentence with the translation each engine gives (CTranslate2 int8,
@@ -115,7 +115,7 @@ for the attention lab and for `attnmt train CONFIG --init-from {name}`. Beam {re
 {provenance['machine']}, {provenance['precision']}, {provenance['threads']} thread(s), seed
 {provenance['seed']}, on {provenance['date']}; chosen on `val` (beam 5 BLEU of the export:
 {fields['valid_bleu_beam5']}). Record: [{record_path}](../../{record_path}). The recipes of
-[docs/recipes.md](../../docs/recipes.md) (back-translation, a second hour, distillation) and
+[docs/training.md](../../docs/training.md#6-recipes-more-text-more-models) (back-translation, a second hour, distillation) and
 a faster machine make better models of this direction: [docs/results.md](../../docs/results.md).
 
 ## Scores

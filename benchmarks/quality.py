@@ -7,14 +7,14 @@ Trains with ``attnmt train`` (resuming the run if it exists; an ended run is onl
 scored), translates each Multi30k test set present for the pair (``test_2016_flickr``,
 ``test_2017_flickr``, ``test_2017_mscoco``; Czech has the first only; a missing one is
 named and skipped) with the config's decoding settings (beam 5, alpha 0.6 in the presets)
-and writes ``DIR/quality.json`` in the schema of every file in ``docs/results/``
+and writes ``DIR/quality.json`` in the schema of every file in ``records/results/``
 (``benchmarks/results.py``): training figures (minutes, updates, target tokens/s, the
 validation curve), sacreBLEU BLEU, chrF and TER, cased and lowercased, per test set, and
 what the figures depend on: the machine as what it is (CPU model, cores, its bf16 or AMX
 support; the GPU), the precision and threads the run trained with, its seed, the commit
 and date of the scoring, and the resolved config; the data folder is written ``DATA``, the
 run's parent ``runs`` (a recipe step's: its work folder's parent), the repository ``.``, so
-the file can go into ``docs/results/`` as it is. The budget is minutes of training time
+the file can go into ``records/results/`` as it is. The budget is minutes of training time
 (validation not counted), so the result depends on the machine's speed: run it with nothing
 else on the machine.
 
@@ -258,7 +258,7 @@ def provenance(run: Path) -> dict:
 def without_machine_paths(record: dict, names: dict) -> dict:
     """``record`` with each folder of ``names`` written as its name wherever a string, a
     value or a key, holds it (``/data/multi30k/val`` as ``DATA/val``), as the documents'
-    commands name folders, so that the record can be copied into ``docs/results/`` as it is."""
+    commands name folders, so that the record can be copied into ``records/results/`` as it is."""
     spellings = {str(spelling): name for folder, name in names.items() if str(folder)
                  for spelling in (Path(folder).absolute(), Path(folder).resolve())}
     patterns = [(re.compile(re.escape(folder) + r"(?=[/\],\s]|$)"), spellings[folder])

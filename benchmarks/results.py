@@ -1,9 +1,9 @@
-"""The results files of docs/results/, and the tables the documents generate from them.
+"""The results files of records/results/, and the tables the documents generate from them.
 
     python benchmarks/results.py            # check every file, rewrite the generated tables
     python benchmarks/results.py --check    # exit 1 naming a file or a table that is wrong
 
-Every ``docs/results/*.json`` file is one scored model in one schema (``KEYS``), the
+Every ``records/results/*.json`` file is one scored model in one schema (``KEYS``), the
 one ``benchmarks/quality.py`` writes: what the model is and its direction, the config
 and overrides it was trained with, its training figures (``training``, None for an
 ensemble), the beam it was scored with, its scores on each test set (``test_sets``:
@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "records" / "results"
 
 KEYS = {"what": str, "direction": str, "config": (str, type(None)), "overrides": list,
         "parameters": (int, type(None)), "beam": (int, type(None)), "training": (dict, type(None)),
@@ -357,7 +357,7 @@ def render_document(text: str, results: Path = RESULTS) -> str:
 
 
 def documents() -> list[Path]:
-    return sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    return sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "records").glob("*.md")])
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 
 A SOURCE is a run directory (its ``log.csv``) or the ``quality.json`` that
 ``benchmarks/quality.py`` wrote for a run (its ``valid_curve``), so the figures in
-docs/results.md and docs/tuning.md can be redrawn from the JSON files kept beside
+records/studies.md and records/tuning.md can be redrawn from the JSON files kept beside
 them. With ``train.ema_decay`` a run logs the moving average's BLEU too; the curve takes the
 better of the two at each validation (what ``best.safetensors`` chooses from).
 ``--dashed fp32`` draws every run whose label contains "fp32" dashed, so that two machine

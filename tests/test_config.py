@@ -151,13 +151,13 @@ def test_configuration_document_lists_every_key_with_its_default():
 
     import yaml
 
-    document = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    document = (Path(__file__).resolve().parents[1] / "records" / "configuration.md").read_text()
     rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip(" `")
             for line in document.splitlines() if line.startswith("| `")}
     for section, values in Config().to_dict().items():
         for key, default in values.items():
             name = f"{section}.{key}"
-            assert name in rows, f"docs/configuration.md does not list {name}"
+            assert name in rows, f"records/configuration.md does not list {name}"
             assert yaml.safe_load(rows[name] or "''") == default, f"{name}: documented {rows[name]!r}"
 
 

@@ -42,7 +42,7 @@ RECORD = {"what": "Transformer, the preset", "direction": "de-en",
 
 
 def test_every_results_file_follows_the_schema():
-    files = sorted((ROOT / "docs" / "results").glob("*.json"))
+    files = sorted((ROOT / "records" / "results").glob("*.json"))
     assert len(files) > 100
     broken = {path.name: results.schema_errors(json.loads(path.read_text())) for path in files}
     assert {name: errors for name, errors in broken.items() if errors} == {}

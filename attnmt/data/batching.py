@@ -10,7 +10,7 @@ With ``pad_multiple`` m > 1, every length (EOS or BOS included) is padded up to 
 multiple of m, and sentences are sorted by those padded lengths: an epoch's batches then
 come in a few dozen shapes instead of hundreds. That matters where a matrix-product
 kernel is compiled for each shape (oneDNN's bf16 kernels on CPU, see
-docs/performance.md); padding is masked everywhere, so no result changes.
+records/performance.md); padding is masked everywhere, so no result changes.
 """
 
 from __future__ import annotations
