@@ -175,12 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--data-dir", default="", help="folder of the Multi30k files")
     experiment.set_defaults(handler=run_experiment)
 
-    export = commands.add_parser("export", help="convert a Transformer run for CTranslate2",
+    export = commands.add_parser("export", help="convert a Transformer run for CTranslate2 or transformers",
                                  description="Write a CTranslate2 model directory (the C++ "
                                              "inference engine) from a Transformer run, with its "
-                                             "config and tokenizers: 'attnmt translate OUT "
-                                             "--engine ctranslate2' translates with it. Needs the "
-                                             "extra: pip install -e \".[ct2]\".")
+                                             "config and tokenizers: 'attnmt translate OUT' "
+                                             "translates with it, without PyTorch (needs the extra: "
+                                             "pip install -e \".[ct2]\"). With --format transformers, "
+                                             "a MarianMT folder that Hugging Face transformers loads "
+                                             "(MarianMTModel, MarianTokenizer).")
     export.add_argument("run", help="run directory made by 'attnmt train'")
     export.add_argument("out", help="folder to write (must be empty or absent, or use --force)")
     export.add_argument("--quantization", choices=["int8", "int8_float32", "bfloat16", "float32"],
@@ -188,7 +190,25 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", default="best",
                         help="best (default), last, or a .safetensors file of this run's model")
     export.add_argument("--force", action="store_true", help="replace a non-empty folder")
+    export.add_argument("--format", choices=["ctranslate2", "transformers"], default="ctranslate2",
+                        help="ctranslate2 (default): int8 or other weights for the C++ engine; "
+                             "transformers: a MarianMT folder (float32 safetensors)")
     export.set_defaults(handler=run_export)
+
+    importer = commands.add_parser(
+        "import", help="a MarianMT model (OPUS-MT) as an attnmt run",
+        description="Write a Hugging Face MarianMT folder (config.json, model.safetensors or "
+                    "pytorch_model.bin, source.spm, target.spm, vocab.json) as an attnmt run "
+                    "directory: it translates, evaluates, serves, exports, and fine-tunes with "
+                    "'attnmt train RUN/config.yaml --init-from RUN'. A setting attnmt's "
+                    "Transformer cannot compute is refused in one line naming it.")
+    importer.add_argument("folder", help="the MarianMT folder (a local copy: nothing is downloaded)")
+    importer.add_argument("--run-dir", "--run", dest="run_dir", required=True, metavar="DIR",
+                          help="the run directory to write (absent or empty)")
+    importer.add_argument("--src-lang", default="", help="source language code (default: the "
+                          "folder's tokenizer_config.json)")
+    importer.add_argument("--tgt-lang", default="", help="target language code (default: likewise)")
+    importer.set_defaults(handler=run_import)
 
     average = commands.add_parser(
         "average", help="average the weights of runs fine-tuned from one parent",
@@ -724,10 +744,23 @@ def print_table(rows: list, with_alpha: bool) -> None:
 
 
 def run_export(args) -> int:
+    configure()
+    if args.format == "transformers":
+        from attnmt.marian import export_transformers
+
+        print(export_transformers(args.run, args.out, args.checkpoint, args.force))
+        return 0
     from attnmt.export import export_run
 
-    configure()
     print(export_run(args.run, args.out, args.quantization, args.checkpoint, args.force))
+    return 0
+
+
+def run_import(args) -> int:
+    from attnmt.marian import import_marian
+
+    configure()
+    print(import_marian(args.folder, args.run_dir, args.src_lang, args.tgt_lang))
     return 0
 
 
@@ -800,6 +833,7 @@ def needs_torch(command: str) -> str:
     """What the command does that needs PyTorch, in the words of its error."""
     return {"train": "training needs PyTorch", "prepare": "preparing training data needs PyTorch",
             "export": "exporting a run needs PyTorch",
+            "import": "importing a MarianMT model needs PyTorch",
             "average": "averaging runs needs PyTorch",
             "demo": "the demo trains a model and needs PyTorch",
             "experiment": "experiments train models and need PyTorch"}.get(

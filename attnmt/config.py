@@ -141,6 +141,9 @@ class DataConfig:
         return tags + ((self.synthetic_tag,) if self.synthetic and self.synthetic_tag else ())
 
 
+ACTIVATIONS = ("relu", "gelu", "swish")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = "transformer"         # transformer | rnn
@@ -158,6 +161,10 @@ class ModelConfig:
     ffn_dropout: float = 0.0          # on the FFN's hidden layer
     max_positions: int = 1024
     scale_attention: bool = True      # false: scores q.k without 1/sqrt(d_k) (scaling experiment)
+    activation: str = "relu"          # the FFN's: relu (paper) | gelu | swish (OPUS-MT's MarianMT models)
+    position_layout: str = "interleaved"  # sinusoids: interleaved sin, cos (paper) | halves [sin | cos] (MarianMT)
+    marian_special_tokens: bool = False   # an imported MarianMT model: <s> is its <pad> (the decoder's start,
+                                      # never output) and attnmt's own <pad> is left out of the softmax
     # RNN
     cell: str = "gru"                 # rnn | gru | lstm
     decoder: str = "bahdanau"         # none | bahdanau | luong
@@ -175,6 +182,8 @@ class ModelConfig:
         _choice("model", "tie_embeddings", self.tie_embeddings, ("none", "decoder", "all"))
         _choice("model", "norm", self.norm, ("post", "pre"))
         _choice("model", "positions", self.positions, ("sinusoidal", "learned"))
+        _choice("model", "activation", self.activation, ACTIVATIONS)
+        _choice("model", "position_layout", self.position_layout, ("interleaved", "halves"))
         _choice("model", "cell", self.cell, ("rnn", "gru", "lstm"))
         _choice("model", "decoder", self.decoder, ("none", "bahdanau", "luong"))
         _choice("model", "attention", self.attention,

@@ -54,7 +54,7 @@ class CTranslate2Engine:
     name = "ctranslate2"
 
     def __init__(self, engine, config: Config, source_tokenizer, target_tokenizer, quantization: str,
-                 parameters: int | None):
+                 parameters: int | None, never_output: list[str] = ()):
         self.engine = engine
         self.parallel_batches = engine.num_translators        # batches decoded at once
         self.source_tokenizer, self.target_tokenizer = source_tokenizer, target_tokenizer
@@ -67,6 +67,8 @@ class CTranslate2Engine:
         self.max_source_tokens = model.max_positions - 1          # EOS takes one position
         self.max_output_tokens = model.max_positions              # EOS included
         self.target_ids = {target_tokenizer.id_to_piece(i): i for i in range(target_tokenizer.vocab_size)}
+        # Tokens the export keeps but the model never outputs (attnmt.export.never_output).
+        self.suppressed = [[token] for token in never_output] or None
 
     @classmethod
     def from_run(cls, path: Path, config: Config, source_tokenizer, target_tokenizer,
@@ -100,8 +102,9 @@ class CTranslate2Engine:
         # per batch (records/performance.md).
         engine = ctranslate2.Translator(str(folder), device=device, compute_type=quantization,
                                         inter_threads=threads or cpu_cores(), intra_threads=1)
+        info = _export_info(folder)
         return cls(engine, config, source_tokenizer, target_tokenizer, quantization,
-                   _export_info(folder).get("parameters"))
+                   info.get("parameters"), info.get("never_output", []))
 
     def num_parameters(self) -> int:
         return self.parameters
@@ -124,18 +127,17 @@ class CTranslate2Engine:
             pieces = [[self.source_tokenizer.id_to_piece(i) for i in sources[index]] for index in group]
             forced = None if prefixes is None else \
                 [[self.target_tokenizer.id_to_piece(i) for i in prefixes[index]] for index in group]
-            if limit == 1:                 # only EOS fits; the engine decodes at least a token
-                scores = self.engine.score_batch(pieces, [[]] * len(group), max_batch_size=BATCH_SENTENCES)
-                for index, scored in zip(group, scores):
-                    log_prob = sum(scored.log_probs)                  # log P(EOS | source)
-                    results[index] = [Hypothesis([], log_prob, log_prob)]
+            if limit == 1:      # only EOS fits, forced at the limit and free, as in search.py
+                for index in group:
+                    results[index] = [Hypothesis([], 0.0, 0.0)]
                 continue
             pending = self.engine.translate_batch(          # queued: the engine's threads share them
                 pieces, max_batch_size=BATCH_SENTENCES, asynchronous=True,
                 beam_size=options.beam, num_hypotheses=options.n_best,
                 length_penalty=options.alpha if options.beam > 1 else 0.0,
                 max_decoding_length=limit - 1, min_decoding_length=min(options.min_len, limit - 1),
-                return_scores=True, return_attention=options.need_attention, target_prefix=forced)
+                return_scores=True, return_attention=options.need_attention, target_prefix=forced,
+                suppress_sequences=self.suppressed)
             submitted += zip(group, pending)
         for index, pending in submitted:
             result = pending.result()

@@ -13,7 +13,12 @@ CTranslate2 is a C++ inference engine for Transformers (optional: ``pip install 
 * the vocabularies as pieces in id order, with our special tokens (pad, ``<s>``,
   ``</s>``, ``<unk>`` at ids 0-3), and the source ending in ``</s>`` as in training;
 * LayerNorm epsilon 1e-5 (PyTorch's default), and the scores unscaled when the model
-  was trained with ``model.scale_attention: false``.
+  was trained with ``model.scale_attention: false``;
+* the FFN's activation (``model.activation``), and for an imported MarianMT model
+  (``model.marian_special_tokens``) its own vocabulary: attnmt's row 0, which MarianMT does
+  not have, left out, the decoder starting from MarianMT's ``<pad>`` (which the engine is
+  told never to output, :mod:`attnmt.ctranslate2_engine`), as CTranslate2's own converter
+  of the MarianMT folder has it.
 
 The exported folder also holds the run's ``config.yaml``, its tokenizer files and
 ``export.json`` (the model's description and size), so it translates on its own, even
@@ -29,6 +34,7 @@ from pathlib import Path
 import torch
 
 from attnmt.ctranslate2_engine import EXPORT_INFO, QUANTIZATIONS, require_ctranslate2
+from attnmt.data import BOS_ID
 from attnmt.errors import UserError
 from attnmt.model import Seq2Seq
 from attnmt.run import (RunDirectory, fresh_temporary, made_by, mark_made,
@@ -53,7 +59,7 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
     for name in ["config.yaml", *_tokenizer_files(Path(run_dir))]:   # a folder that translates
         shutil.copy(Path(run_dir) / name, converted / name)
     info = {"description": model.description, "parameters": model.num_parameters(),
-            "quantization": quantization}
+            "quantization": quantization, "never_output": never_output(model, target_tokenizer)}
     (converted / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     mark_made(converted, "export")
     replace_folder(converted, out)
@@ -91,7 +97,7 @@ def check_exportable(model: Seq2Seq, run_dir) -> None:
 
 
 def _tokenizer_files(run: Path) -> list[str]:
-    return ["tokenizer.json"] + [path.name for path in run.glob("spm.*.model")]
+    return ["tokenizer.json"] + [path.name for path in [*run.glob("spm.*.model"), *run.glob("vocab.*.json")]]
 
 
 def _pieces(tokenizer) -> list[str]:
@@ -116,8 +122,18 @@ def transformer_spec(model: Seq2Seq, config, vocabularies: list[list[str]], spec
     settings = config.model
     spec = specs.TransformerSpec.from_config(
         (settings.encoder_layers, settings.decoder_layers), settings.heads,
-        pre_norm=settings.norm == "pre", alignment_layer=-1, alignment_heads=settings.heads)
+        pre_norm=settings.norm == "pre", alignment_layer=-1, alignment_heads=settings.heads,
+        activation=getattr(specs.common_spec.Activation, settings.activation.upper()))
     weights = {name: tensor.detach().float().cpu() for name, tensor in model.state_dict().items()}
+    zero_start = starts_from_zero(model)
+    if settings.marian_special_tokens:
+        # MarianMT has no row 0 (attnmt's <pad>), and CTranslate2's converter leaves out its
+        # <pad> (attnmt's <s>) too, starting the decoder from a zero embedding: so do we
+        # where that row is zero (always, unless the imported model's was not).
+        dropped = 2 if zero_start else 1
+        weights = {name: tensor[dropped:] if name in VOCABULARY_ROWS else tensor
+                   for name, tensor in weights.items()}
+        vocabularies = [pieces[dropped:] for pieces in vocabularies]
     _fill_stack(spec.encoder, weights, "encoder", _positions(model.encoder.embedder), settings,
                 decoder=False)
     _fill_stack(spec.decoder, weights, "decoder", _positions(model.decoder.embedder), settings,
@@ -125,11 +141,30 @@ def transformer_spec(model: Seq2Seq, config, vocabularies: list[list[str]], spec
     _linear(spec.decoder.projection, weights, "generator")
     spec.config.add_source_eos = True               # training appends EOS to every source
     spec.config.add_source_bos = False
-    spec.config.decoder_start_token = "<s>"
+    spec.config.decoder_start_token = "</s>" if zero_start else vocabularies[1][0] \
+        if settings.marian_special_tokens else "<s>"
+    spec.decoder.start_from_zero_embedding = zero_start
     spec.config.layer_norm_epsilon = 1e-5
     spec.register_source_vocabulary(vocabularies[0])
     spec.register_target_vocabulary(vocabularies[1])
     return spec
+
+
+def starts_from_zero(model: Seq2Seq) -> bool:
+    """Whether an imported MarianMT model's decoder starts from a zero embedding (its
+    ``<pad>``, attnmt's ``<s>``, a row of zeros), as CTranslate2 can be told."""
+    return model.marian_special_tokens and not model.decoder.embedding.weight[BOS_ID].any()
+
+
+def never_output(model: Seq2Seq, target_tokenizer) -> list[str]:
+    """The tokens the engine must be told never to output: an imported MarianMT model's
+    start token, where the export keeps its row."""
+    return [target_tokenizer.id_to_piece(BOS_ID)] if model.marian_special_tokens \
+        and not starts_from_zero(model) else []
+
+
+VOCABULARY_ROWS = ("encoder.embedder.tokens.weight", "decoder.embedder.tokens.weight", "generator.weight",
+                   "generator.bias")
 
 
 def _positions(embedder) -> torch.Tensor:

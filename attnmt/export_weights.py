@@ -27,6 +27,9 @@ import numpy as np
 
 from attnmt.errors import UserError
 
+# The vocabulary-sized weights (an imported MarianMT model's exports lack their row 0).
+VOCABULARY_ROWS = ("encoder.embedder.tokens.weight", "encoder.embedding.weight", "decoder.embedder.tokens.weight",
+                   "decoder.embedding.weight", "generator.weight", "generator.bias")
 TYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")
 READABLE_VERSIONS = range(5, 7)
 
@@ -114,6 +117,11 @@ def load_export(model, folder: Path) -> None:
     found = {}
     for name, tensor in wanted.items():
         value = _value_of(name, variables)
+        missing_rows = 0 if value is None else tensor.shape[0] - value.shape[0]
+        if model.marian_special_tokens and name in VOCABULARY_ROWS and missing_rows in (1, 2):
+            # an imported MarianMT model's export leaves out attnmt's <pad> row, and its own
+            # <pad> (attnmt's <s>) where the decoder starts from zeros: those rows are zero
+            value = np.concatenate([np.zeros((missing_rows, *value.shape[1:]), value.dtype), value])
         if value is None or tuple(value.shape) != tuple(tensor.shape):
             shape = "absent" if value is None else f"shape {tuple(value.shape)}"
             raise UserError(f"{folder}/model.bin does not hold this model's {name} ({shape}, "

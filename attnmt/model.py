@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from attnmt.config import ModelConfig
-from attnmt.data import PAD_ID
+from attnmt.data import BOS_ID, PAD_ID
 from attnmt.errors import UserError
 from attnmt.masks import target_mask
 from attnmt.rnn import (BahdanauDecoder, LuongDecoder, PlainDecoder, RNNEncoder,
@@ -32,7 +32,7 @@ class Seq2Seq(nn.Module):
     def __init__(self, encoder: nn.Module, decoder: nn.Module, generator: nn.Linear, *,
                  description: str, attention_grid: tuple[int, int] | None,
                  has_self_attention: bool, max_source_tokens: int | None,
-                 max_output_tokens: int | None = None):
+                 max_output_tokens: int | None = None, marian_special_tokens: bool = False):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
         self.description = description                # e.g. "Transformer, 3+3 layers, 4 heads"
@@ -40,6 +40,7 @@ class Seq2Seq(nn.Module):
         self.has_self_attention = has_self_attention  # encoder and decoder self-attention to show
         self.max_source_tokens = max_source_tokens    # longest source without EOS; None: any
         self.max_output_tokens = max_output_tokens    # longest output with EOS; None: any
+        self.marian_special_tokens = marian_special_tokens   # see decode_step
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor):
         """``src (B, S)``, ``src_mask (B, 1, S)`` -> memory (RNNMemory or TransformerMemory)."""
@@ -64,7 +65,16 @@ class Seq2Seq(nn.Module):
         is False).
         """
         output, state, attention = self.decoder.step(prev_tokens, state, memory, need_attention)
-        return torch.log_softmax(self.generator(output).float(), dim=-1), state, attention
+        logits = self.generator(output).float()
+        if not self.marian_special_tokens:
+            return torch.log_softmax(logits, dim=-1), state, attention
+        # An imported MarianMT model: attnmt's <pad> has no row in MarianMT, so it is left out
+        # of the softmax; <s> is MarianMT's <pad>, in its softmax but never output, as
+        # transformers' generate bans it (bad_words_ids) after the softmax.
+        logits[:, PAD_ID] = float("-inf")
+        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs[:, BOS_ID] = float("-inf")
+        return log_probs, state, attention
 
     def self_attention(self, src: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor):
         """Encoder and decoder self-attention of one teacher-forced pass, for a batch of one:
@@ -94,7 +104,22 @@ def build_model(config: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -
         raise UserError(f"model config: {error}") from None
     generator = nn.Linear(decoder.output_dim, tgt_vocab_size)
     _tie_embeddings(config, encoder, decoder, generator)
+    if config.marian_special_tokens:
+        _freeze_special_rows(encoder, decoder)
     return Seq2Seq(encoder, decoder, generator, **_abilities(config))
+
+
+def _freeze_special_rows(encoder, decoder) -> None:
+    """An imported MarianMT model's rows of ``<pad>`` and ``<s>`` keep their values (zero in
+    MarianMT, whose decoder starts from a zero embedding): their gradients are dropped, so
+    training never moves them and an export may start CTranslate2's decoder from zeros."""
+    def keep_special_rows(gradient: torch.Tensor) -> torch.Tensor:
+        gradient = gradient.clone()
+        gradient[[PAD_ID, BOS_ID]] = 0
+        return gradient
+
+    for weight in {id(module.embedding.weight): module.embedding.weight for module in (encoder, decoder)}.values():
+        weight.register_hook(keep_special_rows)
 
 
 def _abilities(config: ModelConfig) -> dict:
@@ -104,7 +129,8 @@ def _abilities(config: ModelConfig) -> dict:
                                 f"layers, {config.heads} heads",
                     attention_grid=(config.decoder_layers, config.heads), has_self_attention=True,
                     max_source_tokens=config.max_positions - 1,             # EOS takes one
-                    max_output_tokens=config.max_positions)     # BOS and all but EOS read
+                    max_output_tokens=config.max_positions,     # BOS and all but EOS read
+                    marian_special_tokens=config.marian_special_tokens)
     if config.decoder == "none":
         return dict(description=f"RNN, {config.cell.upper()}, no attention", attention_grid=None,
                     has_self_attention=False, max_source_tokens=None)
@@ -120,12 +146,12 @@ def _build_transformer(config: ModelConfig, src_vocab_size: int, tgt_vocab_size:
         return Embedder(vocab_size=vocab_size, d_model=config.d_model,
                         max_positions=config.max_positions,
                         learned_positions=config.positions == "learned", dropout=config.dropout,
-                        pad_id=PAD_ID)
+                        pad_id=PAD_ID, position_layout=config.position_layout)
 
     settings = LayerSettings(d_model=config.d_model, heads=config.heads, ffn_dim=config.ffn_dim,
                              dropout=config.dropout, attention_dropout=config.attention_dropout,
                              ffn_dropout=config.ffn_dropout, pre_norm=config.norm == "pre",
-                             scaled=config.scale_attention)
+                             scaled=config.scale_attention, activation=config.activation)
     encoder = TransformerEncoder(embedder(src_vocab_size), config.encoder_layers, settings)
     decoder = TransformerDecoder(embedder(tgt_vocab_size), config.decoder_layers, settings)
     for module in (*encoder.layers, *decoder.layers):      # Glorot init, as in the paper's code

@@ -266,14 +266,17 @@ def beam_search(model, src: torch.Tensor, src_mask: torch.Tensor, beam: int = 5,
 
 def _constrain(log_probs: torch.Tensor, step: int, min_len: int, limits: list[int]) -> torch.Tensor:
     """No EOS before ``min_len`` tokens; only EOS at a sentence's maximum length (the maximum
-    wins where the two meet). ``log_probs (N, K, V)``, ``limits`` one per sentence."""
+    wins where the two meet), where it ends a hypothesis the limit cut: it is forced, not the
+    model's choice, and adds nothing to the score, as CTranslate2 (which stops there) and
+    transformers (``forced_eos_token_id``) count it. ``log_probs (N, K, V)``, ``limits`` one
+    per sentence."""
     at_limit = torch.tensor([step + 1 >= limit for limit in limits], device=log_probs.device)
     if step < min_len:
         log_probs[~at_limit, :, EOS_ID] = float("-inf")
     if at_limit.any():
         only_eos = torch.full_like(log_probs[0], float("-inf"))
         only_eos[:, EOS_ID] = 0.0
-        log_probs[at_limit] = torch.where(torch.isinf(only_eos), only_eos, log_probs[at_limit])
+        log_probs[at_limit] = only_eos
     return log_probs
 
 

@@ -25,22 +25,32 @@ from attnmt.errors import UserError
 KeyValue = tuple[torch.Tensor, torch.Tensor]       # (B, H, T, D/H) each
 
 
-def sinusoidal_table(positions: int, d_model: int) -> torch.Tensor:
-    """``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(...)``: ``(positions, d)``."""
-    position = torch.arange(positions, dtype=torch.float32).unsqueeze(1)
-    inverse_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
+def sinusoidal_table(positions: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """``PE(pos, 2i) = sin(pos / 10000^(2i/d))``, ``PE(pos, 2i+1) = cos(...)``: ``(positions, d)``.
+
+    ``layout="halves"`` puts the same sines in the first half and the cosines in the second,
+    ``[sin | cos]`` (MarianMT's and CTranslate2's layout): a fixed permutation of the model
+    dimension. Computed in float64, then rounded once to float32."""
+    position = torch.arange(positions, dtype=torch.float64).unsqueeze(1)
+    inverse_frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64)
                                   * (-math.log(10000.0) / d_model))
-    table = torch.zeros(positions, d_model)
-    table[:, 0::2] = torch.sin(position * inverse_frequency)
-    table[:, 1::2] = torch.cos(position * inverse_frequency)[:, : d_model // 2]
-    return table
+    sines = torch.sin(position * inverse_frequency)
+    cosines = torch.cos(position * inverse_frequency)[:, : d_model // 2]
+    table = torch.zeros(positions, d_model, dtype=torch.float64)
+    if layout == "halves":
+        half = sines.size(1)
+        table[:, :half], table[:, half:] = sines, cosines
+    else:
+        table[:, 0::2], table[:, 1::2] = sines, cosines
+    return table.float()
 
 
 class Embedder(nn.Module):
     """Token embedding scaled by ``sqrt(d_model)`` plus positions, then dropout."""
 
     def __init__(self, *, vocab_size: int, d_model: int, max_positions: int,
-                 learned_positions: bool, dropout: float, pad_id: int):
+                 learned_positions: bool, dropout: float, pad_id: int,
+                 position_layout: str = "interleaved"):
         super().__init__()
         self.scale = math.sqrt(d_model)
         self.max_positions = max_positions
@@ -49,7 +59,8 @@ class Embedder(nn.Module):
         nn.init.zeros_(self.tokens.weight[pad_id])
         self.learned = nn.Embedding(max_positions, d_model) if learned_positions else None
         if not learned_positions:
-            self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+            self.register_buffer("table", sinusoidal_table(max_positions, d_model, position_layout),
+                                 persistent=False)
         self.dropout = Dropout(dropout)
 
     def forward(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -62,13 +73,17 @@ class Embedder(nn.Module):
         return self.dropout(self.tokens(tokens) * self.scale + positions)
 
 
-class FeedForward(nn.Module):
-    """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` with dropout on the hidden layer."""
+ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
 
-    def __init__(self, d_model: int, ffn_dim: int, dropout: float):
+
+class FeedForward(nn.Module):
+    """``FFN(x) = max(0, x W_1 + b_1) W_2 + b_2`` with dropout on the hidden layer; ``gelu``
+    (exact, erf) or ``swish`` (``x * sigmoid(x)``) in place of ``max(0, .)``."""
+
+    def __init__(self, d_model: int, ffn_dim: int, dropout: float, activation: str = "relu"):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), nn.ReLU(), Dropout(dropout),
-                                 nn.Linear(ffn_dim, d_model))
+        self.net = nn.Sequential(nn.Linear(d_model, ffn_dim), ACTIVATION_MODULES[activation](),
+                                 Dropout(dropout), nn.Linear(ffn_dim, d_model))
 
     @property
     def hidden_dropout(self) -> Dropout:
@@ -109,9 +124,13 @@ class LayerSettings:
     ffn_dropout: float                   # on the FFN's hidden layer
     pre_norm: bool                       # LayerNorm before each sub-layer (else after the residual)
     scaled: bool = True                  # 1/sqrt(d_k) in the attention scores
+    activation: str = "relu"             # the FFN's
 
     def attention(self) -> MultiHeadAttention:
         return MultiHeadAttention(self.d_model, self.heads, self.attention_dropout, scaled=self.scaled)
+
+    def feed_forward(self) -> FeedForward:
+        return FeedForward(self.d_model, self.ffn_dim, self.ffn_dropout, self.activation)
 
     def sublayer_norm(self) -> "SublayerNorm":
         return SublayerNorm(self.d_model, self.dropout, self.pre_norm)
@@ -121,7 +140,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, settings: LayerSettings):
         super().__init__()
         self.self_attn = settings.attention()
-        self.ffn = FeedForward(settings.d_model, settings.ffn_dim, settings.ffn_dropout)
+        self.ffn = settings.feed_forward()
         self.attn_norm = settings.sublayer_norm()
         self.ffn_norm = settings.sublayer_norm()
 
@@ -138,7 +157,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = settings.attention()
         self.cross_attn = settings.attention()
-        self.ffn = FeedForward(settings.d_model, settings.ffn_dim, settings.ffn_dropout)
+        self.ffn = settings.feed_forward()
         self.self_norm = settings.sublayer_norm()
         self.cross_norm = settings.sublayer_norm()
         self.ffn_norm = settings.sublayer_norm()

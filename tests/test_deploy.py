@@ -54,6 +54,9 @@ def test_the_environment_has_no_torch_and_training_says_so_in_one_line(deploy_py
     (tmp_path / "c.yaml").write_text("data:\n  dataset: numbers\n")
     for command, needs in ((["train", str(tmp_path / "c.yaml")], "training needs PyTorch"),
                            (["export", "run", "out"], "exporting a run needs PyTorch"),
+                           (["export", "run", "out", "--format", "transformers"],
+                            "exporting a run needs PyTorch"),
+                           (["import", "folder", "--run-dir", "r"], "importing a MarianMT model needs PyTorch"),
                            (["average", "a", "b", "-o", "c"], "averaging runs needs PyTorch")):
         result = attnmt(deploy_python, *command)
         assert result.returncode == 1

@@ -131,7 +131,9 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha):
             tgt = torch.tensor([[BOS_ID, *tokens]])
             with torch.no_grad():
                 log_probs = torch.log_softmax(model(src, src_mask, tgt, target_mask(tgt, -1)), -1)
-            total = sum(log_probs[0, i, t].item() for i, t in enumerate([*tokens, EOS_ID]))
+            total = sum(log_probs[0, i, t].item() for i, t in enumerate(tokens))
+            if length + 1 < limit:                 # at the limit EOS is forced and adds nothing
+                total += log_probs[0, length, EOS_ID].item()
             score = total / length_penalty(length + 1, alpha)
             if score > best_score:
                 best_score, best_tokens = score, list(tokens)

@@ -129,6 +129,67 @@ class SentencePieceTokenizer:
         return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
 
 
+class MarianVocabularyTokenizer:
+    """One side of an imported MarianMT model: its SentencePiece model cuts a text into
+    pieces, and its ``vocab.json`` (not the SentencePiece ids) numbers them, a piece it does
+    not hold being ``<unk>``, as transformers' ``MarianTokenizer`` does. attnmt's fixed ids
+    come first: 0 is attnmt's own ``<pad>`` (MarianMT has no such row; the model leaves it out
+    of its softmax), 1 is MarianMT's ``<pad>`` (its decoder's start, attnmt's ``<s>``), 2 its
+    ``</s>``, 3 its ``<unk>``; then every other entry in MarianMT's order. A leading language
+    code (``>>fr<<``) is the token it names, as in MarianMT."""
+    kind = "marian"
+    PADDING = "<attnmt-pad>"                     # the piece of id 0, which no text produces
+
+    def __init__(self, model_bytes: bytes, vocabulary: list[str], normalization: str = "nfkc"):
+        self.model_bytes, self.vocabulary, self.normalization = model_bytes, list(vocabulary), normalization
+        self.tags = ()
+        self.processor = spm.SentencePieceProcessor(model_proto=model_bytes)
+        specials = [vocabulary.index(token) for token in ("<pad>", "</s>", "<unk>")]
+        rest = [index for index in range(len(vocabulary)) if index not in specials]
+        self.marian_ids = [None, *specials, *rest]          # attnmt id -> MarianMT id (0: none)
+        self.symbols = [self.PADDING] + [vocabulary[index] for index in self.marian_ids[1:]]
+        self.index = {symbol: i for i, symbol in enumerate(self.symbols)}
+        self.vocab_size = len(self.symbols)
+        self.tag_ids = {}
+
+    def normalize(self, text: str) -> str:
+        return normalize(text, self.normalization)
+
+    def pieces(self, text: str) -> list[str]:
+        text = self.normalize(text)
+        code = []
+        if text.startswith(">>") and (end := text.find("<<")) != -1 and text[:end + 2] in self.index:
+            code, text = [text[:end + 2]], text[end + 2:]
+        return code + self.processor.encode(text, out_type=str)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index.get(piece, UNK_ID) for piece in self.pieces(text)]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def encode_tagged_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encode_batch(texts)
+
+    def sample_batch(self, texts: list[str], alpha: float, nbest: int) -> list[list[int]]:
+        """Subword regularisation: a sampled segmentation, numbered by the vocabulary."""
+        sampled = self.processor.encode([self.normalize(text) for text in texts], out_type=str,
+                                        enable_sampling=True, alpha=alpha, nbest_size=nbest)
+        return [[self.index.get(piece, UNK_ID) for piece in pieces] for pieces in sampled]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens (``<unk>`` too) left out, as
+        ``MarianTokenizer.decode(..., skip_special_tokens=True)`` gives it."""
+        pieces = [self.symbols[i] for i in ids if UNK_ID < i < self.vocab_size]
+        return self.processor.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def id_to_piece(self, index: int) -> str:
+        return self.symbols[index]
+
+    def word_ids(self, pieces: list[str]) -> list[int]:
+        return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
+
+
 def _without_symbols(model_bytes: bytes) -> spm.SentencePieceProcessor:
     """The SentencePiece model with its user-defined symbols (the tags) marked unused: the
     same pieces and ids, but no text is ever cut into a tag."""
@@ -207,7 +268,7 @@ def _number_words(starts: list[bool]) -> list[int]:
     return numbers
 
 
-Tokenizer = SentencePieceTokenizer | VocabularyTokenizer
+Tokenizer = SentencePieceTokenizer | VocabularyTokenizer | MarianVocabularyTokenizer
 
 
 def train_tokenizers(config: DataConfig, source: list[str], target: list[str]):
@@ -232,7 +293,13 @@ def save_tokenizers(folder: Path, source: Tokenizer, target: Tokenizer) -> None:
     """Write ``tokenizer.json`` (and SentencePiece models) into a run directory."""
     description = {"joint": source is target, "normalization": source.normalization}
     for side, tokenizer in (("source", source), ("target", target)):
-        if isinstance(tokenizer, SentencePieceTokenizer):
+        if isinstance(tokenizer, MarianVocabularyTokenizer):
+            (folder / f"spm.{side}.model").write_bytes(tokenizer.model_bytes)
+            (folder / f"vocab.{side}.json").write_text(json.dumps(tokenizer.vocabulary, ensure_ascii=False),
+                                                      encoding="utf-8")
+            description[side] = {"kind": "marian", "model": f"spm.{side}.model",
+                                 "vocabulary": f"vocab.{side}.json"}
+        elif isinstance(tokenizer, SentencePieceTokenizer):
             model_name = "spm.joint.model" if source is target else f"spm.{side}.model"
             (folder / model_name).write_bytes(tokenizer.model_bytes)
             description[side] = {"kind": "sentencepiece", "model": model_name,
@@ -263,6 +330,9 @@ def load_tokenizers(folder: Path):
 
 
 def _load_one(folder: Path, entry: dict, normalization: str) -> Tokenizer:
+    if entry["kind"] == "marian":
+        vocabulary = json.loads((folder / entry["vocabulary"]).read_text(encoding="utf-8"))
+        return MarianVocabularyTokenizer((folder / entry["model"]).read_bytes(), vocabulary, normalization)
     if entry["kind"] == "sentencepiece":
         return SentencePieceTokenizer((folder / entry["model"]).read_bytes(), normalization,
                                       tuple(entry.get("tags", ())))
