@@ -1,6 +1,6 @@
 """docs/tutorial.ipynb and its Korean twin docs/tutorial.ko.ipynb run from a clean kernel,
 their committed outputs are the current code's, their code cells are the same but for the
-comments (Korean in the Korean notebook), and the Korean glossary has the notes' terms.
+comments and the texts they print (Korean in the Korean notebook), and the Korean glossary has the notes' terms.
 The claims the prose makes about outputs are asserted inside the notebooks' own cells.
 
 Render the outputs after changing the notebooks or the code they show:
@@ -14,6 +14,7 @@ measured by ``benchmarks/tutorial_time.py``, not here: a test's clock would meas
 machine CI happens to get.
 """
 
+import ast
 import io
 import re
 import sys
@@ -40,6 +41,60 @@ NOTES_TERMS = ["sequence-to-sequence", "encoder-decoder", "조건부 언어 모�
                "Self-Attention", "Multi-Head Attention", "Masked Multi-Head Attention",
                "Feed Forward Network", "cell state", "forget gate", "잔차 연결", "층 정규화", "positional encoding",
                "greedy decoding", "beam search", "beam size"]
+
+
+CHECKED = "\u2713"                       # ✓ after a claim that an assert beside it checks
+INLINE_CODE = re.compile(r"`[^`]*`")
+
+
+def asserts(source: str) -> list[ast.Assert]:
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith("%")]
+    return [node for node in ast.walk(ast.parse("\n".join(lines))) if isinstance(node, ast.Assert)]
+
+
+def reads_a_computed_value(check: ast.Assert) -> bool:
+    """An assert that names no variable compares constants: it cannot fail for a wrong result."""
+    return any(isinstance(node, ast.Name) for node in ast.walk(check.test))
+
+
+def claims(markdown: str) -> int:
+    return INLINE_CODE.sub("", markdown).count(CHECKED)
+
+
+def claims_without_checks(notebook) -> list[str]:
+    """Markdown cells with more claims marked checked than asserts in the code cells beside them."""
+    cells, problems = notebook.cells, []
+    for index, cell in enumerate(cells):
+        if cell.cell_type != "markdown" or not claims(cell.source):
+            continue
+        beside = [cells[i] for i in (index - 1, index + 1) if 0 <= i < len(cells)
+                  and cells[i].cell_type == "code"]
+        checks = sum(len(asserts(code.source)) for code in beside)
+        if claims(cell.source) > checks:
+            problems.append(f"cell {index}: {claims(cell.source)} claims marked checked, {checks} asserts beside")
+    return problems
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.name)
+def test_every_claim_marked_checked_has_an_assert_on_computed_values(notebook):
+    book = nbformat.read(notebook, as_version=4)
+    constant = [f"cell {index}: assert {ast.unparse(check.test)}" for index, cell in enumerate(book.cells)
+                if cell.cell_type == "code" for check in asserts(cell.source)
+                if not reads_a_computed_value(check)]
+    assert constant == []
+    assert claims_without_checks(book) == []
+    marked = sum(claims(cell.source) for cell in book.cells if cell.cell_type == "markdown")
+    assert marked >= 9, f"{notebook.name} marks {marked} claims as checked"
+
+
+def test_the_claim_checks_can_fail():
+    book = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("Two claims \u2713 and \u2713, and `\u2713` is not one."),
+        nbformat.v4.new_code_cell("x = 2\nassert x > 1\nassert 1e-12 < 1e-4")])
+    assert claims_without_checks(book) == []
+    assert [reads_a_computed_value(check) for check in asserts(book.cells[1].source)] == [True, False]
+    book.cells[1].source = "x = 2\nassert x > 1"
+    assert claims_without_checks(book) == ["cell 0: 2 claims marked checked, 1 asserts beside"]
 
 
 def execute(notebook):
@@ -85,12 +140,14 @@ def test_printed_text_sent_in_pieces_reads_as_one():
 
 
 def code_and_comments(source: str) -> tuple[list[tuple[int, str]], list[str]]:
-    """A code cell's tokens without its comments, and its comments (IPython's ``%`` lines
+    """A code cell's tokens without its comments, string literals as one placeholder (the
+    Korean notebook prints and asserts in Korean), and its comments (IPython's ``%`` lines
     are read as comments' neighbours: they are kept as code)."""
     lines = [line if not line.lstrip().startswith("%") else f"pass  # {line}" for line in
              source.splitlines()]
     tokens = list(tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline))
-    code = [(token.type, token.string) for token in tokens
+    strings = {tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+    code = [(token.type, "<text>" if token.type in strings else token.string) for token in tokens
             if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
     comments = [token.string for token in tokens if token.type == tokenize.COMMENT
                 and not token.string.lstrip("# ").startswith("%")]
