@@ -336,7 +336,22 @@ def test_fine_tuning_an_imported_model_lowers_its_loss_and_resumes_exactly(tmp_p
     embedding = model.decoder.embedding.weight
     assert not embedding[BOS_ID].any() and not embedding[PAD_ID].any()   # the start row stays zero
     assert load_config(tuned / "config.yaml").data.tokenizer_from == str(run)
+    ensemble = Translator.from_runs([run, tuned])          # runs sharing the import's vocabulary
+    assert [t.best.text for t in ensemble.translate(SENTENCES[:3])] != ["", "", ""]
+    assert_serves_its_attention(run)
     assert_resume_after_sigkill_is_exact(config, tmp_path / "resume", [f"train.init_from={run}"])
+
+
+def assert_serves_its_attention(run: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from attnmt.serve import create_app
+
+    with TestClient(create_app(Translator.from_run(run))) as client:
+        answer = client.post("/translate", json={"text": SENTENCES[0], "attention": True})
+    assert answer.status_code == 200, answer.text
+    grid = answer.json()["translations"][0]["hypotheses"][0]["attention"]
+    assert (len(grid), len(grid[0])) == (2, 2)           # decoder layers x heads of the import
 
 
 def attnmt(*arguments: str) -> subprocess.CompletedProcess:
