@@ -36,6 +36,7 @@ import torch
 from attnmt.ctranslate2_engine import EXPORT_INFO, QUANTIZATIONS, require_ctranslate2
 from attnmt.data import BOS_ID
 from attnmt.errors import UserError
+from attnmt.export_weights import VOCABULARY_ROWS
 from attnmt.model import Seq2Seq
 from attnmt.run import (RunDirectory, fresh_temporary, made_by, mark_made,
                         refuse_destination_holding, replace_folder)
@@ -161,10 +162,6 @@ def never_output(model: Seq2Seq, target_tokenizer) -> list[str]:
     start token, where the export keeps its row."""
     return [target_tokenizer.id_to_piece(BOS_ID)] if model.marian_special_tokens \
         and not starts_from_zero(model) else []
-
-
-VOCABULARY_ROWS = ("encoder.embedder.tokens.weight", "decoder.embedder.tokens.weight", "generator.weight",
-                   "generator.bias")
 
 
 def _positions(embedder) -> torch.Tensor:

@@ -27,7 +27,8 @@ import numpy as np
 
 from attnmt.errors import UserError
 
-# The vocabulary-sized weights (an imported MarianMT model's exports lack their row 0).
+# attnmt's vocabulary-sized weights, tied names included (an imported MarianMT model's
+# exports leave out rows of them; the MarianMT export reorders them).
 VOCABULARY_ROWS = ("encoder.embedder.tokens.weight", "encoder.embedding.weight", "decoder.embedder.tokens.weight",
                    "decoder.embedding.weight", "generator.weight", "generator.bias")
 TYPES = ("float32", "int8", "int16", "int32", "float16", "bfloat16")

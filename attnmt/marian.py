@@ -35,24 +35,38 @@ from pathlib import Path
 import torch
 
 from attnmt.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, save_config
-from attnmt.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from attnmt.data import BOS_ID, EOS_ID, PAD_ID
 from attnmt.data.tokenizers import MarianVocabularyTokenizer, save_tokenizers
 from attnmt.errors import UserError
+from attnmt.export_weights import VOCABULARY_ROWS
 from attnmt.run import (MADE_BY_ATTNMT, RunDirectory, fresh_temporary, mark_made,
                         refuse_destination_holding, replace_folder)
 
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}   # theirs: ours
+MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}   # theirs: ours
+# The modules of a layer, attnmt's name -> MarianMT's (the tensors' suffixes are the same).
+LAYER_MODULES = {
+    "encoder": {"self_attn": "self_attn", "attn_norm.norm": "self_attn_layer_norm",
+                "ffn.net.0": "fc1", "ffn.net.3": "fc2", "ffn_norm.norm": "final_layer_norm"},
+    "decoder": {"self_attn": "self_attn", "self_norm.norm": "self_attn_layer_norm",
+                "cross_attn": "encoder_attn", "cross_norm.norm": "encoder_attn_layer_norm",
+                "ffn.net.0": "fc1", "ffn.net.3": "fc2", "ffn_norm.norm": "final_layer_norm"}}
 
 
 # --- reading a MarianMT folder -------------------------------------------------------------
 
-def read_json(path: Path) -> dict | list:
+def read_json(path: Path, optional: bool = False) -> dict:
+    """The JSON object in ``path``; ``{}`` for an absent optional file."""
+    if optional and not path.is_file():
+        return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        found = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path.parent} is not a MarianMT folder: no {path.name}") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise UserError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(found, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return found
 
 
 def marian_settings(config: dict) -> ModelConfig:
@@ -67,9 +81,9 @@ def marian_settings(config: dict) -> ModelConfig:
             raise UserError(f"config.json: {names[0]} {config.get(names[0])} and {names[1]} "
                             f"{config.get(names[1])} differ; attnmt has one model.{attnmt_name}")
     activation = config.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
+    if activation not in MARIAN_ACTIVATIONS:
         raise UserError(f"config.json: activation_function {activation!r}: attnmt's FFN computes "
-                        f"{', '.join(sorted(ACTIVATIONS))}")
+                        f"{', '.join(sorted(MARIAN_ACTIVATIONS))}")
     if not config.get("scale_embedding", False):
         raise UserError("config.json: scale_embedding false: attnmt scales embeddings by sqrt(d_model)")
     for name, why in (("normalize_before", "MarianMT's blocks are post-norm"),
@@ -86,10 +100,10 @@ def marian_settings(config: dict) -> ModelConfig:
             ffn_dropout=config.get("activation_dropout", 0.0), norm="post", positions="sinusoidal",
             max_positions=config.get("max_position_embeddings", 512),
             tie_embeddings="all" if config.get("share_encoder_decoder_embeddings", True) else "decoder",
-            activation=ACTIVATIONS[activation], position_layout="halves", marian_special_tokens=True)
+            activation=MARIAN_ACTIVATIONS[activation], position_layout="halves", marian_special_tokens=True)
     except KeyError as error:
         raise UserError(f"config.json has no {error.args[0]}") from None
-    except ValueError as error:
+    except (ValueError, TypeError) as error:            # a value of the wrong type or range
         raise UserError(f"config.json: {error}") from None
 
 
@@ -116,7 +130,7 @@ def read_marian_weights(folder: Path) -> dict[str, torch.Tensor]:
 def vocabulary_list(path: Path) -> list[str]:
     """``vocab.json`` (token -> id) as tokens in id order; ids must be 0..N-1."""
     entries = read_json(path)
-    if not isinstance(entries, dict) or not all(isinstance(i, int) for i in entries.values()):
+    if not all(isinstance(i, int) for i in entries.values()):
         raise UserError(f"{path} is not a MarianMT vocabulary (a JSON object of token -> id)")
     tokens = sorted(entries, key=entries.get)
     if [entries[token] for token in tokens] != list(range(len(tokens))):
@@ -180,8 +194,7 @@ def import_marian(folder: str | Path, run_dir: str | Path, src_lang: str = "", t
         raise UserError(f"{run} exists and is not empty; choose a new run directory")
     config_json = read_json(folder / "config.json")
     model_settings = marian_settings(config_json)
-    tokenizer_config = read_json(folder / "tokenizer_config.json") \
-        if (folder / "tokenizer_config.json").is_file() else {}
+    tokenizer_config = read_json(folder / "tokenizer_config.json", optional=True)
     separate = bool(tokenizer_config.get("separate_vocabs")) or \
         not config_json.get("share_encoder_decoder_embeddings", True)
     source, target = marian_tokenizers(folder, separate)
@@ -191,8 +204,7 @@ def import_marian(folder: str | Path, run_dir: str | Path, src_lang: str = "", t
     if not (src_lang and tgt_lang):
         raise UserError(f"{folder} does not say its languages (tokenizer_config.json has no "
                         "source_lang and target_lang): give --src-lang and --tgt-lang")
-    generation = read_json(folder / "generation_config.json") \
-        if (folder / "generation_config.json").is_file() else {}
+    generation = read_json(folder / "generation_config.json", optional=True)
     config = imported_config(model_settings, src_lang, tgt_lang, config_json, generation)
     with without_random_initialisation():            # every weight is overwritten below
         model = build_model(config.model, source.vocab_size, target.vocab_size)
@@ -235,42 +247,30 @@ def load_marian_state(model, weights: dict, source: MarianVocabularyTokenizer,
             raise UserError(f"the MarianMT weights have no {name}")
         return weights[name]
 
+    def embedding(side: str) -> torch.Tensor:          # a shared matrix is saved as shared.weight
+        return weights["shared.weight"] if shared and "shared.weight" in weights \
+            else take(f"{side}.embed_tokens.weight")
+
     shared = config_json.get("share_encoder_decoder_embeddings", True)
-    source_rows = weights.get("shared.weight") if shared else None
-    encoder_embedding = source_rows if source_rows is not None else take("encoder.embed_tokens.weight")
-    decoder_embedding = weights.get("shared.weight") if shared else None
-    if decoder_embedding is None:
-        decoder_embedding = take("decoder.embed_tokens.weight")
-    bias = take("final_logits_bias").reshape(-1)
-    state = {"decoder.embedder.tokens.weight": reorder_rows(decoder_embedding, target),
-             "generator.bias": reorder_rows(bias.unsqueeze(1), target).squeeze(1)}
+    decoder_embedding = embedding("decoder")
     if "lm_head.weight" in weights and not torch.equal(weights["lm_head.weight"], decoder_embedding):
         raise UserError("the MarianMT model's lm_head is not its decoder embedding; attnmt ties them")
-    for side, count in (("encoder", config_json["encoder_layers"]), ("decoder", config_json["decoder_layers"])):
-        for index in range(count):
-            ours, theirs = f"{side}.layers.{index}", f"{side}.layers.{index}"
-            names = {"self_attn": "self_attn", "fc1": "ffn.net.0", "fc2": "ffn.net.3",
-                     "final_layer_norm": "ffn_norm.norm",
-                     "self_attn_layer_norm": "self_norm.norm" if side == "decoder" else "attn_norm.norm"}
-            if side == "decoder":
-                names.update(encoder_attn="cross_attn", encoder_attn_layer_norm="cross_norm.norm")
-            for their_name, our_name in names.items():
-                for suffix in _suffixes(their_name):
-                    state[f"{ours}.{our_name}.{suffix}"] = take(f"{theirs}.{their_name}.{suffix}")
+    state = {"decoder.embedder.tokens.weight": reorder_rows(decoder_embedding, target),
+             "generator.bias": reorder_rows(take("final_logits_bias").reshape(-1, 1), target).squeeze(1)}
     if not shared:
-        state["encoder.embedder.tokens.weight"] = reorder_rows(encoder_embedding, source)
+        state["encoder.embedder.tokens.weight"] = reorder_rows(embedding("encoder"), source)
     tensors = model.state_dict()
+    state.update({name: take(marian_name(name)) for name in tensors if ".layers." in name})
     filled = {tensors[name].data_ptr() for name in state}
     unset = [name for name in tensors if name not in state and tensors[name].data_ptr() not in filled]
     if unset:                                   # a tied weight shares a filled one's storage
         raise UserError(f"the import left {', '.join(sorted(unset))} unset")
-    model.load_state_dict(state, strict=False)
-
-
-def _suffixes(module: str) -> list[str]:
-    if module in ("self_attn", "encoder_attn"):
-        return [f"{part}_proj.{kind}" for part in ("q", "k", "v", "out") for kind in ("weight", "bias")]
-    return ["weight", "bias"]
+    try:
+        model.load_state_dict(state, strict=False)
+    except RuntimeError as error:              # shapes that config.json does not describe
+        detail = [line.strip() for line in str(error).splitlines() if "size mismatch" in line][:1]
+        raise UserError(f"the MarianMT weights do not fit its config.json "
+                        f"({''.join(detail) or error})") from None
 
 
 def reorder_rows(rows: torch.Tensor, tokenizer: MarianVocabularyTokenizer) -> torch.Tensor:
@@ -305,7 +305,7 @@ def export_transformers(run_dir: str | Path, out: str | Path, checkpoint: str = 
     (temporary / "config.json").write_text(json.dumps(marian_config(config, source, target), indent=1)
                                            + "\n", encoding="utf-8")
     (temporary / "generation_config.json").write_text(json.dumps(
-        generation_config(config, source, target), indent=1) + "\n", encoding="utf-8")
+        generation_config(config, target), indent=1) + "\n", encoding="utf-8")
     mark_made(temporary, "export")
     replace_folder(temporary, out)
     return out
@@ -354,9 +354,8 @@ def marian_tensors(state: dict, config: Config, order, source, target) -> dict[s
 
     tensors = {}
     for name, tensor in state.items():
-        if name in ("encoder.embedder.tokens.weight", "decoder.embedder.tokens.weight", "encoder.embedding.weight",
-                    "decoder.embedding.weight", "generator.weight", "generator.bias"):
-            continue                           # the vocabulary rows and their tied names: below
+        if name in VOCABULARY_ROWS:
+            continue                           # below, reordered
         reads_model = name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "net.0.weight"))
         writes_model = name.endswith(("out_proj.weight", "out_proj.bias", "net.3.weight", "net.3.bias",
                                       "norm.weight", "norm.bias"))
@@ -375,13 +374,11 @@ def marian_tensors(state: dict, config: Config, order, source, target) -> dict[s
 
 
 def marian_name(name: str) -> str:
-    """MarianMT's name of one of attnmt's layer tensors."""
-    for ours, theirs in ((".cross_attn.", ".encoder_attn."), (".ffn.net.0.", ".fc1."), (".ffn.net.3.", ".fc2."),
-                         (".ffn_norm.norm.", ".final_layer_norm."), (".attn_norm.norm.", ".self_attn_layer_norm."),
-                         (".self_norm.norm.", ".self_attn_layer_norm."),
-                         (".cross_norm.norm.", ".encoder_attn_layer_norm.")):
-        name = name.replace(ours, theirs)
-    return name
+    """MarianMT's name (without ``model.``) of one of attnmt's layer tensors:
+    ``decoder.layers.3.cross_attn.q_proj.weight`` -> ``decoder.layers.3.encoder_attn.q_proj.weight``."""
+    side, layers, index, rest = name.split(".", 3)
+    module = next(ours for ours in LAYER_MODULES[side] if rest.startswith(ours + "."))
+    return f"{side}.{layers}.{index}.{LAYER_MODULES[side][module]}{rest[len(module):]}"
 
 
 def rows_in_marian_order(rows: torch.Tensor, tokenizer) -> torch.Tensor:
@@ -404,12 +401,11 @@ def marian_vocabulary(tokenizer) -> list[str]:
 
 
 def special_ids(tokenizer) -> dict[str, int]:
-    """MarianMT's ids of pad, eos, unk and the decoder's start token."""
+    """MarianMT's ids of pad, eos and the decoder's start token."""
     if tokenizer.kind == "marian":
         pad = tokenizer.marian_ids[BOS_ID]
-        return {"pad": pad, "eos": tokenizer.marian_ids[EOS_ID], "unk": tokenizer.marian_ids[UNK_ID],
-                "start": pad}
-    return {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID, "start": BOS_ID}
+        return {"pad": pad, "eos": tokenizer.marian_ids[EOS_ID], "start": pad}
+    return {"pad": PAD_ID, "eos": EOS_ID, "start": BOS_ID}
 
 
 def write_marian_vocabularies(folder: Path, source, target, config: Config) -> None:
@@ -444,7 +440,7 @@ def marian_config(config: Config, source, target) -> dict:
             "decoder_start_token_id": ids["start"], "init_std": 0.02, "use_cache": True}
 
 
-def generation_config(config: Config, source, target) -> dict:
+def generation_config(config: Config, target) -> dict:
     """Decoding as the run's ``decode`` section says, as far as transformers can: its beam
     ranks by ``log P / length ** length_penalty``, attnmt's by GNMT's penalty, so only an
     alpha of 0 ranks alike."""

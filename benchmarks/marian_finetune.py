@@ -24,6 +24,7 @@ import csv
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -122,16 +123,14 @@ def main() -> None:
     folder = args.work / "marian_base"
     if not folder.is_dir():
         build_base_marian(folder, args.data_dir)
-    imported = args.work / "imported"
-    seconds = timed_import(folder, imported) if not imported.is_dir() else float("nan")
+    imported, tuned, native = args.work / "imported", args.work / "tuned", args.work / "native"
+    for run in (imported, tuned, native):                 # every figure from this run
+        shutil.rmtree(run, ignore_errors=True)
+    seconds = timed_import(folder, imported)
     corpus = plain_corpus(args.data_dir, args.work / "multi30k")
     common = ["data.dataset=files", f"data.train={corpus}/train", f"data.valid={corpus}/valid",
               f"train.max_steps={args.steps}", "train.max_minutes=0", "train.log_every=5",
               f"train.validate_every={args.steps}", "train.warmup=10"]
-    tuned, native = args.work / "tuned", args.work / "native"
-    for run in (tuned, native):
-        if run.exists():
-            subprocess.run(["rm", "-rf", str(run)], check=True)
     tuned_mb = train(imported / "config.yaml", tuned, common + [f"train.init_from={imported}"])
     native_mb = train(imported / "config.yaml", native, common + [
         f"data.tokenizer_from={imported}", "model.activation=relu", "model.position_layout=interleaved",

@@ -249,6 +249,30 @@ def test_a_two_vocabulary_model_exports_to_ctranslate2_and_translates_as_pytorch
             [t.best.text for t in Translator.from_run(run).translate(SENTENCES, beam=beam, alpha=0.0)]
 
 
+def test_a_start_row_that_is_not_zero_is_kept_and_never_output(tmp_path, marian_folders):
+    """A MarianMT model fine-tuned in transformers may have moved its <pad> row (the tied
+    output projection's gradient reaches it): the CTranslate2 export keeps that row as the
+    decoder's start instead of starting from zeros, and tells the engine never to output it."""
+    pytest.importorskip("ctranslate2")
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from attnmt.export import export_run
+
+    folder = tmp_path / "model"
+    shutil.copytree(marian_folders(("swish", True)), folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["model.shared.weight"][json.loads((folder / "config.json").read_text())["pad_token_id"]] += 0.5
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    run = import_run(folder, tmp_path / "run")
+    exported = export_run(run, tmp_path / "export", "float32")
+    assert json.loads((exported / "export.json").read_text())["never_output"] == ["<pad>"]
+    for beam in (1, 4):
+        assert [t.best.text for t in Translator.from_run(exported).translate(SENTENCES, beam=beam, alpha=0.0)] \
+            == [t.best.text for t in Translator.from_run(run).translate(SENTENCES, beam=beam, alpha=0.0)]
+
+
 def test_an_imported_model_exported_to_transformers_is_the_same_model(imported, tmp_path):
     from attnmt.marian import export_transformers
 
@@ -376,7 +400,11 @@ def edited_folder(tmp_path: Path, edit) -> Path:
     (lambda c, f: c.update(decoder_start_token_id=0), "config.json: decoder_start_token_id 0 is not the target"),
     (lambda c, f: (f / "vocab.json").unlink(), "is not a MarianMT folder: no vocab.json"),
     (lambda c, f: (f / "model.safetensors").write_bytes(b"\x00" * 10), "model.safetensors cannot be read"),
-], ids=["bart", "unscaled", "ffn", "gelu_new", "pre-norm", "start", "no-vocabulary", "corrupt"])
+    (lambda c, f: c.update(encoder_layers="two"), "config.json: "),
+    (lambda c, f: c.update(d_model=32), "the MarianMT weights do not fit its config.json (size mismatch"),
+    (lambda c, f: (f / "tokenizer_config.json").write_text("[]"), "tokenizer_config.json is not a JSON object"),
+], ids=["bart", "unscaled", "ffn", "gelu_new", "pre-norm", "start", "no-vocabulary", "corrupt", "type",
+        "shapes", "not-an-object"])
 def test_what_attnmt_cannot_import_is_refused_in_one_line(tmp_path, edit, message):
     folder = edited_folder(tmp_path, edit)
     result = attnmt("import", str(folder), "--run-dir", str(tmp_path / "run"))

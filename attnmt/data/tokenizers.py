@@ -125,8 +125,7 @@ class SentencePieceTokenizer:
         return self.processor.id_to_piece(index)
 
     def word_ids(self, pieces: list[str]) -> list[int]:
-        """Word number of each piece: a piece starting with '▁' opens a word."""
-        return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
+        return _sentencepiece_word_ids(pieces)
 
 
 class MarianVocabularyTokenizer:
@@ -187,7 +186,7 @@ class MarianVocabularyTokenizer:
         return self.symbols[index]
 
     def word_ids(self, pieces: list[str]) -> list[int]:
-        return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
+        return _sentencepiece_word_ids(pieces)
 
 
 def _without_symbols(model_bytes: bytes) -> spm.SentencePieceProcessor:
@@ -258,6 +257,11 @@ def _tagged(tokenizer, texts: list[str]) -> list[list[int]]:
     split = [split_tags(text, tokenizer.tag_ids) for text in texts]
     encoded = tokenizer.encode_batch([rest for _, rest in split])
     return [[tokenizer.tag_ids[tag] for tag in tags] + ids for (tags, _), ids in zip(split, encoded)]
+
+
+def _sentencepiece_word_ids(pieces: list[str]) -> list[int]:
+    """Word number of each SentencePiece piece: a piece starting with '▁' opens a word."""
+    return _number_words([i == 0 or piece.startswith("\u2581") for i, piece in enumerate(pieces)])
 
 
 def _number_words(starts: list[bool]) -> list[int]:
