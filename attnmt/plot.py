@@ -9,6 +9,7 @@ backend (and no display) is needed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,15 @@ from attnmt.translator import Translation, Translator
 EOS_LABEL = "</s>"
 
 
+@dataclass(frozen=True)
+class PanelTitles:
+    """How the panels of a layer x head grid are titled, for figures in another language:
+    ``{name}`` is the figure's name, ``{layer}`` and ``{head}`` count from 1."""
+
+    head: str = "{name} layer {layer}, head {head}"
+    average: str = "{name} layer {layer}, average"
+
+
 def draw_matrix(axes, weights: np.ndarray, columns: list[str], rows: list[str], title: str = ""):
     """One heatmap: ``weights (len(rows), len(columns))``, values in [0, 1]."""
     axes.imshow(np.asarray(weights, dtype=np.float32), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
@@ -29,17 +39,20 @@ def draw_matrix(axes, weights: np.ndarray, columns: list[str], rows: list[str], 
         axes.set_title(title, fontsize=9)
 
 
-def cross_attention_figure(translation: Translation) -> Figure:
-    """The figure for the best hypothesis's attention over the source."""
+def cross_attention_figure(translation: Translation, name: str = "cross-attention",
+                           titles: PanelTitles = PanelTitles()) -> Figure:
+    """The figure for the best hypothesis's attention over the source; ``name`` titles a
+    single panel and, through ``titles``, each panel of a grid."""
     hypothesis = translation.best
     if hypothesis.attention is None:
         raise UserError("this model has no attention to draw (decoder: none)")
     columns = translation.source_tokens + [EOS_LABEL]
     rows = hypothesis.tokens + [EOS_LABEL]
-    return _grid(hypothesis.attention.transpose(1, 2, 0, 3), columns, rows, "cross-attention")
+    return _grid(hypothesis.attention.transpose(1, 2, 0, 3), columns, rows, name, titles)
 
 
-def _grid(weights: np.ndarray, columns: list[str], rows: list[str], name: str) -> Figure:
+def _grid(weights: np.ndarray, columns: list[str], rows: list[str], name: str,
+          titles: PanelTitles = PanelTitles()) -> Figure:
     """``weights (layers, heads, rows, columns)`` -> one heatmap per layer and head, with the
     head average as a last column when there are several heads."""
     layers, heads = weights.shape[:2]
@@ -50,8 +63,8 @@ def _grid(weights: np.ndarray, columns: list[str], rows: list[str], name: str) -
     for layer in range(layers):
         for head in range(panels):
             matrix = weights[layer, head] if head < heads else weights[layer].mean(axis=0)
-            label = f"head {head + 1}" if head < heads else "average"
-            title = name if layers == heads == 1 else f"{name} layer {layer + 1}, {label}"
+            template = titles.head if head < heads else titles.average
+            title = name if layers == heads == 1 else template.format(name=name, layer=layer + 1, head=head + 1)
             draw_matrix(grid[layer][head], matrix, columns, rows, title)
     return figure
 

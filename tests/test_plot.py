@@ -1,7 +1,7 @@
 import pytest
 
 from attnmt.errors import UserError
-from attnmt.plot import plot_sentence
+from attnmt.plot import PanelTitles, cross_attention_figure, plot_sentence
 from attnmt.translator import Translator
 
 
@@ -27,3 +27,23 @@ def test_no_attention_model_and_empty_sentence_are_refused(tiny_runs, tmp_path):
         plot_sentence(translator, "sieben", tmp_path / "n.png")
     with pytest.raises(UserError, match="the sentence is empty"):
         plot_sentence(translator, "  ", tmp_path / "n.png")
+
+
+def panel_titles(figure):
+    return [axes.get_title() for axes in figure.axes]
+
+
+def test_panels_are_titled_by_layer_and_head_in_the_language_asked(tiny_runs):
+    transformer = Translator.from_run(tiny_runs["transformer"])
+    translation = transformer.translate(["dreihundertzwölf"], need_attention=True)[0]
+    layers, heads = translation.best.attention.shape[1:3]
+    titles = panel_titles(cross_attention_figure(translation))
+    assert len(titles) == layers * (heads + 1)
+    assert titles[0] == "cross-attention layer 1, head 1"
+    assert titles[heads] == "cross-attention layer 1, average"
+    assert titles[-2] == f"cross-attention layer {layers}, head {heads}"
+    korean = PanelTitles(head="{name} {layer}층, head {head}", average="{name} {layer}층, 평균")
+    titles = panel_titles(cross_attention_figure(translation, "교차 어텐션", korean))
+    assert titles[1] == "교차 어텐션 1층, head 2" and titles[-1] == f"교차 어텐션 {layers}층, 평균"
+    rnn = Translator.from_run(tiny_runs["rnn"]).translate(["sieben"], need_attention=True)[0]
+    assert panel_titles(cross_attention_figure(rnn, "어텐션 분포")) == ["어텐션 분포"]
