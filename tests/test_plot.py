@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from attnmt.errors import UserError
@@ -36,14 +37,16 @@ def panel_titles(figure):
 def test_panels_are_titled_by_layer_and_head_in_the_language_asked(tiny_runs):
     transformer = Translator.from_run(tiny_runs["transformer"])
     translation = transformer.translate(["dreihundertzwölf"], need_attention=True)[0]
-    layers, heads = translation.best.attention.shape[1:3]
+    one_layer = translation.best.attention                  # (rows, 1 layer, heads, columns)
+    translation.best.attention = np.concatenate([one_layer, one_layer], axis=1)   # two layers
+    heads = one_layer.shape[2]
     titles = panel_titles(cross_attention_figure(translation))
-    assert len(titles) == layers * (heads + 1)
+    assert len(titles) == 2 * (heads + 1)
     assert titles[0] == "cross-attention layer 1, head 1"
     assert titles[heads] == "cross-attention layer 1, average"
-    assert titles[-2] == f"cross-attention layer {layers}, head {heads}"
+    assert titles[-2] == f"cross-attention layer 2, head {heads}"
     korean = PanelTitles(head="{name} {layer}층, head {head}", average="{name} {layer}층, 평균")
     titles = panel_titles(cross_attention_figure(translation, "교차 어텐션", korean))
-    assert titles[1] == "교차 어텐션 1층, head 2" and titles[-1] == f"교차 어텐션 {layers}층, 평균"
+    assert titles[1] == "교차 어텐션 1층, head 2" and titles[-1] == "교차 어텐션 2층, 평균"
     rnn = Translator.from_run(tiny_runs["rnn"]).translate(["sieben"], need_attention=True)[0]
     assert panel_titles(cross_attention_figure(rnn, "어텐션 분포")) == ["어텐션 분포"]
