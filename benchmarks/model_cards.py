@@ -1,15 +1,18 @@
 """Write the model card (``models/NAME/README.md``) of each shipped model from its record.
 
-    python benchmarks/model_cards.py NAME=RECORD [NAME=RECORD ...]
+    python benchmarks/model_cards.py NAME=RECORD[,RECORD ...] [NAME=...]
 
 NAME is a folder of ``models/`` (an int8 export, ``attnmt export RUN models/NAME``) and
 RECORD its record in ``records/results/`` (written by ``python benchmarks/quality.py CONFIG
---run RUN --export models/NAME``). The card's front matter (YAML) carries what ``attnmt
-models`` prints and what ``tests/test_shipped.py`` checks: the summary, the record's
-scores, and an example sentence with the translation each engine gives (CTranslate2 int8,
-and PyTorch with the weights read back from int8). Its text says what the model is, how it
-was trained and on what, its scores beside OPUS-MT's and the published systems', and the
-data's terms. Nothing in a card is typed by hand: change the record, then rerun this.
+--run RUN --export models/NAME``). A model trained in a chain of runs, each from the
+previous one's weights (``train.init_from``), names every run's record in training order,
+the shipped one last, so that its card gives every command that made it. The card's front
+matter (YAML) carries what ``attnmt models`` prints and what ``tests/test_shipped.py``
+checks: the summary, the record's scores, the chain, and an example sentence with the
+translation each engine gives (CTranslate2 int8, and PyTorch with the weights read back
+from int8). Its text says what the model is, how it was trained and on what, its scores
+beside OPUS-MT's and the published systems', and the data's terms. Nothing in a card is
+typed by hand: change the records, then rerun this.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ def example(folder: Path, source_lang: str) -> dict:
             "pytorch_translation": translations["torch"]}
 
 
-def front_matter(name: str, record: dict, record_path: str, folder: Path) -> dict:
+def front_matter(name: str, chain: list[str], folder: Path) -> dict:
+    record_path = chain[-1]
+    record = read_record(record_path)
     source, target = record["direction"].split("-")
     machine = record["provenance"]["machine"]
     how = record["what"].removeprefix("shipped: ")
@@ -60,7 +65,8 @@ def front_matter(name: str, record: dict, record_path: str, folder: Path) -> dic
                          for key in ("bleu", "chrf", "bleu_tok_lc")}
               for test_set in TEST_SETS if test_set in record["test_sets"]}
     return {"name": name, "summary": summary, "direction": record["direction"],
-            "record": record_path, "license": "Multi30k: non-commercial research and education",
+            "record": record_path, "chain": chain,
+            "license": "Multi30k: non-commercial research and education",
             "scores": scores, "opus_mt": OPUS_MT.get(record["direction"], {}),
             "valid_bleu_beam5": record.get("extra", {}).get("valid_bleu_beam5"),
             "example": example(folder, source)}
@@ -83,11 +89,41 @@ def score_table(fields: dict) -> str:
             + ("\n\nSources of the published figures:" + sources if sources else ""))
 
 
-def card(name: str, record: dict, record_path: str, folder: Path) -> str:
-    fields = front_matter(name, record, record_path, folder)
+def read_record(record_path: str) -> dict:
+    return json.loads((ROOT / record_path).read_text())
+
+
+def init_from(record: dict) -> str | None:
+    """The run a record's training started from (its ``train.init_from`` override), if any."""
+    prefix = "train.init_from="
+    return next((override.removeprefix(prefix) for override in record["overrides"]
+                 if override.startswith(prefix)), None)
+
+
+def training_steps(name: str, chain: list[str]) -> str:
+    """The chain's commands, one numbered line per run, then the export: each run's directory
+    is the one the next run starts from (the last one's is ``runs/NAME``)."""
+    records = [read_record(path) for path in chain]
+    run_dirs = [init_from(record) for record in records[1:]] + [f"runs/{name}"]
+    lines = []
+    for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1):
+        training = record["training"]
+        overrides = " ".join(f"--set {override}" for override in record["overrides"])
+        lines.append(f"{number}. `attnmt train {record['config']} --run-dir {run_dir} {overrides}`: "
+                     f"{training['minutes']:g} minutes, {training['updates']:,} updates "
+                     f"({training['tokens_per_s']:,} target tokens/s), greedy "
+                     f"`val` BLEU {training['valid_bleu_best']:.2f} at its end ([record](../../{path})).")
+    lines.append(f"{len(chain) + 1}. `attnmt export {run_dirs[-1]} models/{name}` (int8).")
+    return "\n".join(lines)
+
+
+def card(name: str, chain: list[str], folder: Path) -> str:
+    fields = front_matter(name, chain, folder)
+    record_path, record = chain[-1], read_record(chain[-1])
     source, target = fields["direction"].split("-")
-    training, provenance = record["training"], record["provenance"]
-    overrides = " ".join(f"--set {override}" for override in record["overrides"])
+    provenance = record["provenance"]
+    runs = "one run" if len(chain) == 1 else \
+        f"{len(chain)} runs, each from the previous one's weights with a fresh schedule"
     size = (folder / "model.bin").stat().st_size / 1e6
     return f"""---
 {yaml.safe_dump(fields, allow_unicode=True, sort_keys=False)}---
@@ -110,11 +146,14 @@ for the attention lab and for `attnmt train CONFIG --init-from {name}`. Beam {re
 
 ## How it was trained
 
-{record['what']}: `attnmt train {record['config']} {overrides}` for {training['minutes']:g} minutes of training
-({training['updates']:,} updates, {training['tokens_per_s']:,} target tokens/s) on a
+{record['what'].removeprefix('shipped: ').capitalize()}: {runs}, on a
 {provenance['machine']}, {provenance['precision']}, {provenance['threads']} thread(s), seed
 {provenance['seed']}, on {provenance['date']}; chosen on `val` (beam 5 BLEU of the export:
-{fields['valid_bleu_beam5']}). Record: [{record_path}](../../{record_path}). The recipes of
+{fields['valid_bleu_beam5']}). The shipped model's record: [{record_path}](../../{record_path}).
+
+{training_steps(name, chain)}
+
+The recipes of
 [docs/training.md](../../docs/training.md#6-recipes-more-text-more-models) (back-translation, a second hour, distillation) and
 a faster machine make better models of this direction: [docs/results.md](../../docs/results.md).
 
@@ -133,10 +172,9 @@ on detokenised text, beside it BLEU in the published systems' convention.
 
 def main() -> None:
     for argument in sys.argv[1:]:
-        name, _, record_path = argument.partition("=")
+        name, _, records = argument.partition("=")
         folder = ROOT / "models" / name
-        record = json.loads((ROOT / record_path).read_text())
-        (folder / "README.md").write_text(card(name, record, record_path, folder), encoding="utf-8")
+        (folder / "README.md").write_text(card(name, records.split(","), folder), encoding="utf-8")
         print(f"wrote {folder / 'README.md'}")
 
 

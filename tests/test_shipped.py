@@ -230,6 +230,25 @@ def test_a_cards_scores_are_its_records(folder):
     assert "non-commercial research and education" in text
 
 
+@pytest.mark.parametrize("folder", SHIPPED, ids=[path.name for path in SHIPPED])
+def test_a_cards_chain_of_runs_starts_from_scratch_and_each_run_from_the_one_before(folder):
+    """The card gives every command that made the model: the first run of its chain trains
+    from scratch, each later one starts from an earlier run's directory (all distinct, none
+    the exported run's), and the last is the shipped model's record."""
+    fields = Card.read(folder).fields
+    records = [json.loads((ROOT / path).read_text()) for path in fields["chain"]]
+    starts = [next((o.split("=", 1)[1] for o in record["overrides"]
+                    if o.startswith("train.init_from=")), None) for record in records]
+    assert fields["chain"][-1] == fields["record"]
+    assert starts[0] is None and all(starts[1:]), starts
+    assert len({*starts[1:], f"runs/{folder.name}"}) == len(starts), starts
+    assert all(record["direction"] == folder.name for record in records)
+    text = (folder / "README.md").read_text()
+    for number, (path, start) in enumerate(zip(fields["chain"], starts), start=1):
+        assert f"\n{number}. `attnmt train " in text and f"(../../{path})" in text
+        assert start is None or f"--set train.init_from={start}`" in text
+
+
 def test_serve_with_no_model_serves_every_shipped_pair_to_libretranslates_client():
     from libretranslatepy import LibreTranslateAPI
 
