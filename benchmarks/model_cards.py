@@ -33,6 +33,7 @@ EXAMPLES = {"de": "Ein Mann fährt mit dem Fahrrad durch die Stadt.",
             "en": "A man rides a bicycle through the city.",
             "fr": "Un homme fait du vélo dans la ville.",
             "cs": "Muž jede na kole přes město."}
+ALPHAS = "0.6 0.8 1.0 1.2 1.4"   # the length penalties each shipped model was chosen among
 TERMS = ("The model was trained on Multi30k (Elliott et al. 2016; French: Elliott et al. 2017; "
          "Czech: Barrault et al. 2018), image descriptions from Flickr30k, whose terms allow "
          "non-commercial research and education only: use the model within them. attnmt's "
@@ -101,19 +102,26 @@ def init_from(record: dict) -> str | None:
 
 
 def training_steps(name: str, chain: list[str]) -> str:
-    """The chain's commands, one numbered line per run, then the export: each run's directory
-    is the one the next run starts from (the last one's is ``runs/NAME``)."""
+    """The chain's commands, one numbered line per run, then the length penalty's choice and
+    the export: each run's directory is the one the next run starts from (the last one's is
+    ``runs/NAME``); DATA is the Multi30k folder."""
     records = [read_record(path) for path in chain]
     run_dirs = [init_from(record) for record in records[1:]] + [f"runs/{name}"]
     lines = []
     for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1):
         training = record["training"]
-        overrides = " ".join(f"--set {override}" for override in record["overrides"])
+        overrides = " ".join(f"--set {override}" for override in record["overrides"]
+                             if not override.startswith("decode.alpha="))   # the next step's
         lines.append(f"{number}. `attnmt train {record['config']} --run-dir {run_dir} {overrides}`: "
                      f"{training['minutes']:g} minutes, {training['updates']:,} updates "
                      f"({training['tokens_per_s']:,} target tokens/s), greedy "
                      f"`val` BLEU {training['valid_bleu_best']:.2f} at its end ([record](../../{path})).")
-    lines.append(f"{len(chain) + 1}. `attnmt export {run_dirs[-1]} models/{name}` (int8).")
+    source, target = name.split("-")
+    alpha = records[-1]["provenance"]["config"]["decode"]["alpha"]
+    lines.append(f"{len(chain) + 1}. `attnmt evaluate {run_dirs[-1]} --engine ctranslate2 "
+                 f"--src DATA/val.{source}.gz --ref DATA/val.{target}.gz --alpha {ALPHAS} "
+                 f"--write-alpha`: the length penalty of highest `val` BLEU ({alpha:g}).")
+    lines.append(f"{len(chain) + 2}. `attnmt export {run_dirs[-1]} models/{name}` (int8).")
     return "\n".join(lines)
 
 
@@ -142,7 +150,8 @@ attnmt's Transformer ({record['parameters']:,} parameters; `{record['config']}`)
 `attnmt export` as int8 CTranslate2 weights ({size:.1f} MB `model.bin`) with its SentencePiece
 tokenizers: the deployment install (`pip install ./deploy`) translates and serves it without
 PyTorch; the full install also loads it into the PyTorch engine (weights read back from int8)
-for the attention lab and for `attnmt train CONFIG --init-from {name}`. Beam {record['beam']}.
+for the attention lab and for `attnmt train CONFIG --init-from {name}`. Beam {record['beam']},
+length penalty alpha {provenance['config']['decode']['alpha']:g} (chosen on `val`).
 
 ## How it was trained
 
@@ -159,7 +168,7 @@ a faster machine make better models of this direction: [docs/results.md](../../d
 
 ## Scores
 
-Beam {record['beam']}, the int8 export on CTranslate2; BLEU and chrF are cased sacreBLEU
+Beam {record['beam']}, alpha {provenance['config']['decode']['alpha']:g}, the int8 export on CTranslate2; BLEU and chrF are cased sacreBLEU
 on detokenised text, beside it BLEU in the published systems' convention.
 
 {score_table(fields)}
