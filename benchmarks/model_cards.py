@@ -53,9 +53,8 @@ def example(folder: Path, source_lang: str) -> dict:
             "pytorch_translation": translations["torch"]}
 
 
-def front_matter(name: str, chain: list[str], folder: Path) -> dict:
-    record_path = chain[-1]
-    record = read_record(record_path)
+def front_matter(name: str, chain: dict[str, dict], folder: Path) -> dict:
+    record_path, record = list(chain.items())[-1]
     source, target = record["direction"].split("-")
     machine = record["provenance"]["machine"]
     how = record["what"].removeprefix("shipped: ")
@@ -66,7 +65,7 @@ def front_matter(name: str, chain: list[str], folder: Path) -> dict:
                          for key in ("bleu", "chrf", "bleu_tok_lc")}
               for test_set in TEST_SETS if test_set in record["test_sets"]}
     return {"name": name, "summary": summary, "direction": record["direction"],
-            "record": record_path, "chain": chain,
+            "record": record_path, "chain": list(chain),
             "license": "Multi30k: non-commercial research and education",
             "scores": scores, "opus_mt": OPUS_MT.get(record["direction"], {}),
             "valid_bleu_beam5": record.get("extra", {}).get("valid_bleu_beam5"),
@@ -90,23 +89,13 @@ def score_table(fields: dict) -> str:
             + ("\n\nSources of the published figures:" + sources if sources else ""))
 
 
-def read_record(record_path: str) -> dict:
-    return json.loads((ROOT / record_path).read_text())
-
-
-def init_from(record: dict) -> str | None:
-    """The run a record's training started from (its ``train.init_from`` override), if any."""
-    prefix = "train.init_from="
-    return next((override.removeprefix(prefix) for override in record["overrides"]
-                 if override.startswith(prefix)), None)
-
-
-def training_steps(name: str, chain: list[str]) -> str:
+def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
     """The chain's commands, one numbered line per run, then the length penalty's choice and
     the export: each run's directory is the one the next run starts from (the last one's is
     ``runs/NAME``); DATA is the Multi30k folder."""
-    records = [read_record(path) for path in chain]
-    run_dirs = [init_from(record) for record in records[1:]] + [f"runs/{name}"]
+    records = list(chain.values())
+    run_dirs = [record["provenance"]["config"]["train"]["init_from"] for record in records[1:]]
+    run_dirs.append(f"runs/{name}")
     lines = []
     for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1):
         training = record["training"]
@@ -117,7 +106,6 @@ def training_steps(name: str, chain: list[str]) -> str:
                      f"({training['tokens_per_s']:,} target tokens/s), greedy "
                      f"`val` BLEU {training['valid_bleu_best']:.2f} at its end ([record](../../{path})).")
     source, target = name.split("-")
-    alpha = records[-1]["provenance"]["config"]["decode"]["alpha"]
     lines.append(f"{len(chain) + 1}. `attnmt evaluate {run_dirs[-1]} --engine ctranslate2 "
                  f"--src DATA/val.{source}.gz --ref DATA/val.{target}.gz --alpha {ALPHAS} "
                  f"--write-alpha`: the length penalty of highest `val` BLEU ({alpha:g}).")
@@ -125,11 +113,14 @@ def training_steps(name: str, chain: list[str]) -> str:
     return "\n".join(lines)
 
 
-def card(name: str, chain: list[str], folder: Path) -> str:
+def card(name: str, chain: dict[str, dict], folder: Path) -> str:
+    """The card of ``models/NAME``; ``chain`` maps each run's record path to the record, in
+    training order, the shipped model's last."""
     fields = front_matter(name, chain, folder)
-    record_path, record = chain[-1], read_record(chain[-1])
+    record_path, record = list(chain.items())[-1]
     source, target = fields["direction"].split("-")
     provenance = record["provenance"]
+    alpha = provenance["config"]["decode"]["alpha"]
     runs = "one run" if len(chain) == 1 else \
         f"{len(chain)} runs, each from the previous one's weights with a fresh schedule"
     size = (folder / "model.bin").stat().st_size / 1e6
@@ -151,7 +142,7 @@ attnmt's Transformer ({record['parameters']:,} parameters; `{record['config']}`)
 tokenizers: the deployment install (`pip install ./deploy`) translates and serves it without
 PyTorch; the full install also loads it into the PyTorch engine (weights read back from int8)
 for the attention lab and for `attnmt train CONFIG --init-from {name}`. Beam {record['beam']},
-length penalty alpha {provenance['config']['decode']['alpha']:g} (chosen on `val`).
+length penalty alpha {alpha:g} (chosen on `val`).
 
 ## How it was trained
 
@@ -160,7 +151,7 @@ length penalty alpha {provenance['config']['decode']['alpha']:g} (chosen on `val
 {provenance['seed']}, on {provenance['date']}; chosen on `val` (beam 5 BLEU of the export:
 {fields['valid_bleu_beam5']}). The shipped model's record: [{record_path}](../../{record_path}).
 
-{training_steps(name, chain)}
+{training_steps(name, chain, alpha)}
 
 The recipes of
 [docs/training.md](../../docs/training.md#6-recipes-more-text-more-models) (back-translation, a second hour, distillation) and
@@ -168,7 +159,7 @@ a faster machine make better models of this direction: [docs/results.md](../../d
 
 ## Scores
 
-Beam {record['beam']}, alpha {provenance['config']['decode']['alpha']:g}, the int8 export on CTranslate2; BLEU and chrF are cased sacreBLEU
+Beam {record['beam']}, alpha {alpha:g}, the int8 export on CTranslate2; BLEU and chrF are cased sacreBLEU
 on detokenised text, beside it BLEU in the published systems' convention.
 
 {score_table(fields)}
@@ -181,9 +172,14 @@ on detokenised text, beside it BLEU in the published systems' convention.
 
 def main() -> None:
     for argument in sys.argv[1:]:
-        name, _, records = argument.partition("=")
+        name, _, paths = argument.partition("=")
         folder = ROOT / "models" / name
-        (folder / "README.md").write_text(card(name, records.split(","), folder), encoding="utf-8")
+        missing = [path for path in [folder / "model.bin", *map(ROOT.joinpath, paths.split(","))]
+                   if not path.is_file()]
+        if missing:
+            sys.exit(f"{argument}: no such file: {', '.join(map(str, missing))}")
+        chain = {path: json.loads((ROOT / path).read_text()) for path in paths.split(",")}
+        (folder / "README.md").write_text(card(name, chain, folder), encoding="utf-8")
         print(f"wrote {folder / 'README.md'}")
 
 

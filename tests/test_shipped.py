@@ -243,10 +243,16 @@ def test_a_cards_chain_of_runs_starts_from_scratch_and_each_run_from_the_one_bef
     assert starts[0] is None and all(starts[1:]), starts
     assert len({*starts[1:], f"runs/{folder.name}"}) == len(starts), starts
     assert all(record["direction"] == folder.name for record in records)
-    text = (folder / "README.md").read_text()
-    for number, (path, start) in enumerate(zip(fields["chain"], starts), start=1):
-        assert f"\n{number}. `attnmt train " in text and f"(../../{path})" in text
-        assert start is None or f"--set train.init_from={start}`" in text
+    steps = [line for line in (folder / "README.md").read_text().splitlines()
+             if line.split(". `attnmt train ")[0].isdigit()]
+    run_dirs = [*starts[1:], f"runs/{folder.name}"]
+    assert len(steps) == len(records)
+    for number, (step, path, start, run_dir) in enumerate(zip(steps, fields["chain"], starts,
+                                                              run_dirs), start=1):
+        assert step.startswith(f"{number}. ") and f"(../../{path})" in step
+        assert f" --run-dir {run_dir} " in step
+        assert (start is None) == ("train.init_from" not in step)
+        assert start is None or f"--set train.init_from={start}" in step
 
 
 def test_serve_with_no_model_serves_every_shipped_pair_to_libretranslates_client():
