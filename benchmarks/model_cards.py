@@ -89,22 +89,39 @@ def score_table(fields: dict) -> str:
             + ("\n\nSources of the published figures:" + sources if sources else ""))
 
 
+def run_directories(name: str, records: list[dict]) -> list[str]:
+    """Each step's run directory: the one the next step starts from (a training run's
+    ``train.init_from``; for an average, the last of the runs it averages), the last step's
+    ``runs/NAME``."""
+    return [following["extra"]["runs"][-1] if following["training"] is None
+            else following["provenance"]["config"]["train"]["init_from"]
+            for following in records[1:]] + [f"runs/{name}"]
+
+
+def training_step(record: dict, run_dir: str) -> str:
+    training = record["training"]
+    overrides = " ".join(f"--set {override}" for override in record["overrides"]
+                         if not override.startswith("decode.alpha="))   # a later step's
+    return (f"`attnmt train {record['config']} --run-dir {run_dir} {overrides}`: "
+            f"{training['minutes']:g} minutes, {training['updates']:,} updates "
+            f"({training['tokens_per_s']:,} target tokens/s), greedy "
+            f"`val` BLEU {training['valid_bleu_best']:.2f} at its end")
+
+
+def average_step(record: dict, run_dir: str, run_dirs: list[str]) -> str:
+    runs = record["extra"]["runs"]
+    numbers = " and ".join(str(run_dirs.index(run) + 1) for run in runs)
+    return f"`attnmt average {' '.join(runs)} -o {run_dir}`: the mean of runs {numbers}' weights"
+
+
 def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
-    """The chain's commands, one numbered line per run, then the length penalty's choice and
-    the export: each run's directory is the one the next run starts from (the last one's is
-    ``runs/NAME``); DATA is the Multi30k folder."""
+    """The chain's commands, one numbered line per run (or average of runs), then the length
+    penalty's choice and the export; DATA is the Multi30k folder."""
     records = list(chain.values())
-    run_dirs = [record["provenance"]["config"]["train"]["init_from"] for record in records[1:]]
-    run_dirs.append(f"runs/{name}")
-    lines = []
-    for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1):
-        training = record["training"]
-        overrides = " ".join(f"--set {override}" for override in record["overrides"]
-                             if not override.startswith("decode.alpha="))   # the next step's
-        lines.append(f"{number}. `attnmt train {record['config']} --run-dir {run_dir} {overrides}`: "
-                     f"{training['minutes']:g} minutes, {training['updates']:,} updates "
-                     f"({training['tokens_per_s']:,} target tokens/s), greedy "
-                     f"`val` BLEU {training['valid_bleu_best']:.2f} at its end ([record](../../{path})).")
+    run_dirs = run_directories(name, records)
+    lines = [f"{number}. " + (average_step(record, run_dir, run_dirs) if record["training"] is None
+                              else training_step(record, run_dir)) + f" ([record](../../{path}))."
+             for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1)]
     source, target = name.split("-")
     lines.append(f"{len(chain) + 1}. `attnmt evaluate {run_dirs[-1]} --engine ctranslate2 "
                  f"--src DATA/val.{source}.gz --ref DATA/val.{target}.gz --alpha {ALPHAS} "
@@ -115,14 +132,17 @@ def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
 
 def card(name: str, chain: dict[str, dict], folder: Path) -> str:
     """The card of ``models/NAME``; ``chain`` maps each run's record path to the record, in
-    training order, the shipped model's last."""
+    training order, the shipped model's last (a run, or an average of earlier runs)."""
     fields = front_matter(name, chain, folder)
     record_path, record = list(chain.items())[-1]
     source, target = fields["direction"].split("-")
-    provenance = record["provenance"]
-    alpha = provenance["config"]["decode"]["alpha"]
-    runs = "one run" if len(chain) == 1 else \
-        f"{len(chain)} runs, each from the previous one's weights with a fresh schedule"
+    alpha = record["provenance"]["config"]["decode"]["alpha"]
+    trained = [record for record in chain.values() if record["training"] is not None]
+    provenance, config = trained[-1]["provenance"], trained[-1]["config"]
+    runs = "one run" if len(trained) == 1 else \
+        f"{len(trained)} runs, each from the previous one's weights with a fresh schedule"
+    runs += "".join(f", then the weights of {len(average['extra']['runs'])} of them averaged"
+                    for average in chain.values() if average["training"] is None)
     size = (folder / "model.bin").stat().st_size / 1e6
     return f"""---
 {yaml.safe_dump(fields, allow_unicode=True, sort_keys=False)}---
@@ -137,7 +157,7 @@ echo "{fields['example']['source']}" | attnmt translate {name}
 
 ## What it is
 
-attnmt's Transformer ({record['parameters']:,} parameters; `{record['config']}`), exported with
+attnmt's Transformer ({record['parameters']:,} parameters; `{config}`), exported with
 `attnmt export` as int8 CTranslate2 weights ({size:.1f} MB `model.bin`) with its SentencePiece
 tokenizers: the deployment install (`pip install ./deploy`) translates and serves it without
 PyTorch; the full install also loads it into the PyTorch engine (weights read back from int8)

@@ -38,7 +38,9 @@ same schema with no training figures.
     python benchmarks/quality.py --average SOUP --out FILE.json [--data-dir DIR] [--what ...]
 
 does the same for a folder written by ``attnmt average RUN RUN ... -o SOUP``: the model
-scored is the mean of the runs' weights, each run beside it on ``val``.
+scored is the mean of the runs' weights, each run beside it on ``val``; with ``--export
+FOLDER`` the soup's int8 export is scored instead, on the CTranslate2 engine (a shipped
+model made by averaging).
 """
 
 from __future__ import annotations
@@ -168,33 +170,37 @@ def scores_on(translator, prefix: Path, config) -> dict:
 
 
 def ensemble_record(runs: list[Path], data_dir: str, what: str | None,
-                    averaged: Path | None = None) -> dict:
+                    averaged: Path | None = None, export: Path | None = None) -> dict:
     """An ensemble's record (or, with ``averaged``, that of the runs' weight average written
-    there): its test scores, and validation BLEU at beam 5 of it and of each run (training
-    validates greedy), so that it is chosen on ``val``. The runs are named by their paths,
-    which ``write_record`` writes from ``runs_folder`` on."""
+    there, scored as its int8 export into ``export`` if given): its test scores, and
+    validation BLEU at beam 5 of it and of each run (training validates greedy), so that it
+    is chosen on ``val``. The runs are named by their paths, which ``write_record`` writes
+    from ``runs_folder`` on. An average is a run with a config of its own (its decoding
+    settings among them), which its provenance keeps; an ensemble has none."""
     from attnmt.config import load_config
     from attnmt.process import configure
     from attnmt.translator import Translator
 
     configure()
-    config = load_config(runs[0] / "config.yaml")
-    combined = Translator.from_run(averaged) if averaged else Translator.from_runs(runs)
+    config = load_config((averaged or runs[0]) / "config.yaml")
     valid = Path(data_dir) / "val"
     members = {str(run.absolute()): scores_on(Translator.from_run(run), valid, config)["bleu"]
                for run in runs}
-    depends_on = provenance(runs[0])
-    depends_on.update(seed=None, config=None)
+    if export:
+        extra = export_scores(averaged, export, data_dir)
+        scored = test_scores(export, data_dir)
+    else:
+        combined = Translator.from_run(averaged) if averaged else Translator.from_runs(runs)
+        extra = {"valid_bleu_beam5": scores_on(combined, valid, config)["bleu"]}
+        scored = {"parameters": combined.model.num_parameters() if averaged else None,
+                  "beam": config.decode.beam, "test_sets": set_scores(combined, data_dir, config)}
+    depends_on = provenance(averaged or runs[0])
+    depends_on.update(seed=None, config=depends_on["config"] if averaged else None)
     data = config.data
     return {"what": what or ("average of " if averaged else "ensemble of ") + ", ".join(members),
             "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],
-            "parameters": combined.model.num_parameters() if averaged else None,
-            "beam": config.decode.beam,
-            "test_sets": set_scores(combined, data_dir, config), "training": None,
-            "provenance": depends_on,
-            "extra": {"runs": list(members),
-                      "valid_bleu_beam5": scores_on(combined, valid, config)["bleu"],
-                      "members_valid_bleu_beam5": members}}
+            **scored, "training": None, "provenance": depends_on,
+            "extra": {"runs": list(members), **extra, "members_valid_bleu_beam5": members}}
 
 
 def runs_folder(runs: list[Path]) -> Path:
@@ -302,10 +308,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.ensemble or args.average:
         if (args.ensemble and args.average) or not args.out or args.config or args.run or args.set \
-                or args.pipeline or args.test or args.export \
+                or args.pipeline or args.test or (args.export and args.ensemble) \
                 or (args.ensemble and len(args.ensemble) < 2):
-            parser.error("--ensemble takes two runs or more and --out (--average: one folder and "
-                         "--out), and no CONFIG, --run, --set, --test or --pipeline")
+            parser.error("--ensemble takes two runs or more and --out (--average: one folder, "
+                         "--out and optionally --export), and no CONFIG, --run, --set, --test "
+                         "or --pipeline")
         if args.ensemble and len({run.resolve() for run in args.ensemble}) < len(args.ensemble):
             parser.error("--ensemble: a run is named twice; an ensemble's runs differ")
         if not args.out.absolute().parent.is_dir():                 # before minutes of scoring
@@ -329,7 +336,7 @@ def record_ensemble(args) -> None:
     """Score ``args.ensemble`` as one ensemble (or ``args.average``, the weight average of
     the runs it names) and write its record to ``args.out``."""
     runs = averaged_runs(args.average) if args.average else args.ensemble
-    write_record(ensemble_record(runs, args.data_dir, args.what, args.average), args.out,
+    write_record(ensemble_record(runs, args.data_dir, args.what, args.average, args.export), args.out,
                  {args.data_dir: "DATA", runs_folder(runs): "runs"})
 
 

@@ -217,7 +217,7 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
     write_number_sets(tmp_path)
     out = tmp_path / "ensemble.json"
     quality.record_ensemble(argparse.Namespace(ensemble=runs, average=None, data_dir=str(tmp_path),
-                                               what="two tiny runs", out=out))
+                                               what="two tiny runs", out=out, export=None))
     record = json.loads(out.read_text())
     assert results.schema_errors(record) == []
     assert (record["what"], record["direction"], record["training"]) == ("two tiny runs", "de-en", None)
@@ -230,6 +230,7 @@ def test_quality_scores_an_ensemble_as_translating_with_it(tiny_runs, tmp_path):
 
 def test_quality_scores_a_weight_average_as_translating_with_it(tiny_runs, tmp_path):
     from attnmt.averaging import average_runs
+    from attnmt.config import load_config
     from attnmt.train import train
     from attnmt.translator import Translator
 
@@ -243,7 +244,7 @@ def test_quality_scores_a_weight_average_as_translating_with_it(tiny_runs, tmp_p
     write_number_sets(tmp_path)
     out = tmp_path / "average.json"
     quality.record_ensemble(argparse.Namespace(ensemble=None, average=soup, data_dir=str(tmp_path),
-                                               what=None, out=out))
+                                               what=None, out=out, export=None))
     record = json.loads(out.read_text())
     assert results.schema_errors(record) == []
     assert record["what"] == f"average of runs/{first.name}, runs/sibling"
@@ -254,6 +255,19 @@ def test_quality_scores_a_weight_average_as_translating_with_it(tiny_runs, tmp_p
     assert list(record["extra"]["members_valid_bleu_beam5"]) == [f"runs/{first.name}", "runs/sibling"]
     with pytest.raises(UserError, match="was not written by 'attnmt average'"):
         quality.averaged_runs(first)
+    assert record["provenance"]["config"]["decode"] == load_config(soup / "config.yaml").to_dict()["decode"]
+
+    pytest.importorskip("ctranslate2", reason="exporting needs the ct2 extra")
+    exported_out, export = tmp_path / "average_int8.json", tmp_path / "models" / "de-en"
+    quality.record_ensemble(argparse.Namespace(ensemble=None, average=soup, data_dir=str(tmp_path),
+                                               what=None, out=exported_out, export=export))
+    record = json.loads(exported_out.read_text())
+    assert results.schema_errors(record) == []
+    exported = Translator.from_run(export)                            # int8, on CTranslate2
+    assert record["extra"]["export"] == "DATA/models/de-en"           # under the data folder here
+    assert record["test_sets"]["test_2016_flickr"]["bleu"] == number_set_bleu(exported, "test_2016_flickr")
+    assert record["extra"]["valid_bleu_beam5"] == number_set_bleu(exported, "val")
+    assert list(record["extra"]["members_valid_bleu_beam5"]) == [f"runs/{first.name}", "runs/sibling"]
 
 
 def test_quality_records_a_pipelines_minutes_and_final_scores(tmp_path):
@@ -348,7 +362,7 @@ def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(f
     monkeypatch.setattr(quality, "ensemble_record", lambda *args: members)
     out = tmp_path / "ensemble.json"
     quality.record_ensemble(argparse.Namespace(ensemble=runs, average=None, data_dir="", what=None,
-                                               out=out))
+                                               out=out, export=None))
     written = json.loads(out.read_text())
     assert written["extra"]["runs"] == names
     assert list(written["extra"]["members_valid_bleu_beam5"]) == names

@@ -3,6 +3,7 @@ in the published systems' convention."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -231,28 +232,37 @@ def test_a_cards_scores_are_its_records(folder):
 
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=[path.name for path in SHIPPED])
-def test_a_cards_chain_of_runs_starts_from_scratch_and_each_run_from_the_one_before(folder):
-    """The card gives every command that made the model: the first run of its chain trains
-    from scratch, each later one starts from an earlier run's directory (all distinct, none
-    the exported run's), and the last is the shipped model's record."""
+def test_a_cards_chain_of_runs_starts_from_scratch_and_each_step_from_earlier_ones(folder):
+    """The card gives every command that made the model, one numbered step per record of its
+    chain: the first run trains from scratch, each later run starts from an earlier step's
+    directory and an average (a model soup) averages earlier steps' runs, as the records
+    say; every step leads to the shipped one, whose directory is runs/NAME."""
     fields = Card.read(folder).fields
     records = [json.loads((ROOT / path).read_text()) for path in fields["chain"]]
-    starts = [next((o.split("=", 1)[1] for o in record["overrides"]
-                    if o.startswith("train.init_from=")), None) for record in records]
     assert fields["chain"][-1] == fields["record"]
-    assert starts[0] is None and all(starts[1:]), starts
-    assert len({*starts[1:], f"runs/{folder.name}"}) == len(starts), starts
     assert all(record["direction"] == folder.name for record in records)
     steps = [line for line in (folder / "README.md").read_text().splitlines()
-             if line.split(". `attnmt train ")[0].isdigit()]
-    run_dirs = [*starts[1:], f"runs/{folder.name}"]
+             if re.match(r"\d+\. `attnmt (train|average) ", line)]
     assert len(steps) == len(records)
-    for number, (step, path, start, run_dir) in enumerate(zip(steps, fields["chain"], starts,
-                                                              run_dirs), start=1):
+    directories, used = [], set()
+    for number, (step, path, record) in enumerate(zip(steps, fields["chain"], records), start=1):
         assert step.startswith(f"{number}. ") and f"(../../{path})" in step
-        assert f" --run-dir {run_dir} " in step
-        assert (start is None) == ("train.init_from" not in step)
-        assert start is None or f"--set train.init_from={start}" in step
+        command = step.split("`")[1].split()
+        if record["training"] is None:                          # attnmt average RUN ... -o DIR
+            starts, directory = command[2:-2], command[-1]
+            assert command[-2] == "-o" and starts == record["extra"]["runs"]
+        else:
+            directory = command[command.index("--run-dir") + 1]
+            starts = [setting.split("=", 1)[1] for setting in command
+                      if setting.startswith("train.init_from=")]
+            assert starts == [o.split("=", 1)[1] for o in record["overrides"]
+                              if o.startswith("train.init_from=")]
+        assert bool(starts) == (number > 1), step                # only the first from scratch
+        assert set(starts) <= set(directories), step             # from earlier steps' runs
+        used.update(starts)
+        directories.append(directory)
+    assert directories[-1] == f"runs/{folder.name}"
+    assert len(set(directories)) == len(directories) and used == set(directories[:-1]), directories
 
 
 def test_serve_with_no_model_serves_every_shipped_pair_to_libretranslates_client():
