@@ -35,7 +35,8 @@ scores trained runs as one ensemble (``attnmt translate RUN RUN``) on the same t
 on ``val`` (beam 5: ``extra.valid_bleu_beam5``, beside each run's own) into FILE.json, in the
 same schema with no training figures.
 
-    python benchmarks/quality.py --average SOUP --out FILE.json [--data-dir DIR] [--what ...]
+    python benchmarks/quality.py --average SOUP --out FILE.json [--export FOLDER]
+                                 [--data-dir DIR] [--what ...]
 
 does the same for a folder written by ``attnmt average RUN RUN ... -o SOUP``: the model
 scored is the mean of the runs' weights, each run beside it on ``val``; with ``--export
@@ -195,7 +196,9 @@ def ensemble_record(runs: list[Path], data_dir: str, what: str | None,
         scored = {"parameters": combined.model.num_parameters() if averaged else None,
                   "beam": config.decode.beam, "test_sets": set_scores(combined, data_dir, config)}
     depends_on = provenance(averaged or runs[0])
-    depends_on.update(seed=None, config=depends_on["config"] if averaged else None)
+    depends_on["seed"] = None
+    if not averaged:
+        depends_on["config"] = None                     # an ensemble has no config of its own
     data = config.data
     return {"what": what or ("average of " if averaged else "ensemble of ") + ", ".join(members),
             "direction": f"{data.src_lang}-{data.tgt_lang}", "config": None, "overrides": [],

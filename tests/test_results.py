@@ -370,7 +370,9 @@ def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(f
 
 @pytest.mark.parametrize("runs, out, message", [
     (["a", "./a"], "e.json", "--ensemble: a run is named twice; an ensemble's runs differ"),
-    (["a", "b"], "no/e.json", "--out no/e.json: the folder no does not exist")])
+    (["a", "b"], "no/e.json", "--out no/e.json: the folder no does not exist"),
+    (["a", "b", "--export", "models/a"], "e.json", "--out and optionally --export), and no CONFIG, "
+                                                    "--run, --set, --test or --pipeline")])
 def test_quality_refuses_a_wrong_ensemble_before_scoring(runs, out, message, tmp_path, monkeypatch,
                                                           capsys):
     quality = benchmark("quality")
