@@ -108,9 +108,14 @@ def training_step(record: dict, run_dir: str) -> str:
             f"`val` BLEU {training['valid_bleu_best']:.2f} at its end")
 
 
-def average_step(record: dict, run_dir: str, run_dirs: list[str]) -> str:
+def average_step(record: dict, run_dir: str, earlier: list[str]) -> str:
+    """An average's command; ``earlier`` are the directories of the steps before it."""
     runs = record["extra"]["runs"]
-    numbers = " and ".join(str(run_dirs.index(run) + 1) for run in runs)
+    strangers = [run for run in runs if run not in earlier]
+    if strangers:
+        sys.exit(f"model_cards.py: an average of the chain averages {', '.join(strangers)}, no run "
+                 "of the steps before it; name the chain's records in training order")
+    numbers = " and ".join(str(earlier.index(run) + 1) for run in runs)
     return f"`attnmt average {' '.join(runs)} -o {run_dir}`: the mean of runs {numbers}' weights"
 
 
@@ -119,7 +124,8 @@ def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
     penalty's choice and the export; DATA is the Multi30k folder."""
     records = list(chain.values())
     run_dirs = run_directories(name, records)
-    lines = [f"{number}. " + (average_step(record, run_dir, run_dirs) if record["training"] is None
+    lines = [f"{number}. " + (average_step(record, run_dir, run_dirs[:number - 1])
+                              if record["training"] is None
                               else training_step(record, run_dir)) + f" ([record](../../{path}))."
              for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1)]
     source, target = name.split("-")
