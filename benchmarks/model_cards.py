@@ -5,7 +5,8 @@
 NAME is a folder of ``models/`` (an int8 export, ``attnmt export RUN models/NAME``) and
 RECORD its record in ``records/results/`` (written by ``python benchmarks/quality.py CONFIG
 --run RUN --export models/NAME``). A model trained in a chain of runs, each from the
-previous one's weights (``train.init_from``), names every run's record in training order,
+previous one's weights (``train.init_from``: its run directory, or the int8 export shipped
+before it, by name), names every run's record in training order,
 the shipped one last, so that its card gives every command that made it. The card's front
 matter (YAML) carries what ``attnmt models`` prints and what ``tests/test_shipped.py``
 checks: the summary, the record's scores, the chain, and an example sentence with the
@@ -18,6 +19,8 @@ typed by hand: change the records, then rerun this.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,16 +44,21 @@ TERMS = ("The model was trained on Multi30k (Elliott et al. 2016; French: Elliot
 
 
 def example(folder: Path, source_lang: str) -> dict:
-    """The example sentence and its translation by each engine."""
+    """The example sentence and its translation by each engine (CTranslate2's with the
+    kernels every card's example is made with: ``CARD_EXAMPLE_ENV``)."""
     from attnmt.process import configure
+    from attnmt.shipped import CARD_EXAMPLE_ENV
     from attnmt.translator import Translator
 
     configure(1)
     sentence = EXAMPLES[source_lang]
-    translations = {engine: Translator.from_run(folder, engine=engine, threads=1)
-                    .translate([sentence])[0].best.text for engine in ("ctranslate2", "torch")}
-    return {"source": sentence, "translation": translations["ctranslate2"],
-            "pytorch_translation": translations["torch"]}
+    exported = subprocess.run(
+        [sys.executable, "-m", "attnmt", "translate", str(folder), "--engine", "ctranslate2",
+         "--threads", "1"], input=sentence, text=True, capture_output=True, check=True,
+        env={**os.environ, **CARD_EXAMPLE_ENV}).stdout.strip()
+    read_back = Translator.from_run(folder, engine="torch", threads=1).translate([sentence])
+    return {"source": sentence, "translation": exported,
+            "pytorch_translation": read_back[0].best.text}
 
 
 def front_matter(name: str, chain: dict[str, dict], folder: Path) -> dict:
@@ -58,9 +66,10 @@ def front_matter(name: str, chain: dict[str, dict], folder: Path) -> dict:
     source, target = record["direction"].split("-")
     machine = record["provenance"]["machine"]
     how = record["what"].removeprefix("shipped: ")
+    machines = {step["provenance"]["machine"] for step in chain.values()}
     summary = (f"{LANGUAGES[source]} -> {LANGUAGES[target]}, Transformer "
                f"({record['parameters'] / 1e6:.1f}M parameters), int8; {how}; Multi30k, "
-               f"a {machine}.")
+               f"{'a' if len(machines) == 1 else 'last trained on a'} {machine}.")
     scores = {test_set: {key: record["test_sets"][test_set][key]
                          for key in ("bleu", "chrf", "bleu_tok_lc")}
               for test_set in TEST_SETS if test_set in record["test_sets"]}
@@ -89,23 +98,45 @@ def score_table(fields: dict) -> str:
             + ("\n\nSources of the published figures:" + sources if sources else ""))
 
 
+def exported_before(record: dict, following: dict | None) -> bool:
+    """Whether the next run starts from this step's int8 export (``models/NAME``, the model
+    shipped before), not from its run directory."""
+    if following is None or following["training"] is None:
+        return False
+    start = following["provenance"]["config"]["train"]["init_from"]
+    return Path(start) == Path(record.get("extra", {}).get("export", "-"))
+
+
 def run_directories(name: str, records: list[dict]) -> list[str]:
     """Each step's run directory: the one the next step starts from (a training run's
     ``train.init_from``; for an average, the last of the runs it averages), the last step's
-    ``runs/NAME``."""
-    return [following["extra"]["runs"][-1] if following["training"] is None
-            else following["provenance"]["config"]["train"]["init_from"]
-            for following in records[1:]] + [f"runs/{name}"]
+    ``runs/NAME``. A step whose export the next run starts from is named by the chain's
+    minutes up to it (``runs/en_fr_165min``)."""
+    directories, minutes = [], 0.0
+    for record, following in zip(records, records[1:]):
+        minutes += (record["training"] or {}).get("minutes", 0)
+        directories.append(f"runs/{name.replace('-', '_')}_{minutes:g}min"
+                           if exported_before(record, following)
+                           else following["extra"]["runs"][-1] if following["training"] is None
+                           else following["provenance"]["config"]["train"]["init_from"])
+    return directories + [f"runs/{name}"]
 
 
-def training_step(record: dict, run_dir: str) -> str:
-    training = record["training"]
+def training_step(record: dict, run_dir: str, name: str, last: dict, exported: bool) -> str:
+    """A run's command and figures; its machine where it differs from the last run's, and,
+    where the next run starts from this one's int8 export, the export."""
+    training, machine = record["training"], record["provenance"]
     overrides = " ".join(f"--set {override}" for override in record["overrides"]
                          if not override.startswith("decode.alpha="))   # a later step's
-    return (f"`attnmt train {record['config']} --run-dir {run_dir} {overrides}`: "
+    where = ("" if (machine["machine"], machine["precision"]) ==
+             (last["provenance"]["machine"], last["provenance"]["precision"])
+             else f" on a {machine['machine']}, {machine['precision']},")
+    export = (f"; its int8 export (`attnmt export {run_dir} models/{name}`) was the model "
+              f"shipped before, the next run's start" if exported else "")
+    return (f"`attnmt train {record['config']} --run-dir {run_dir} {overrides}`:{where} "
             f"{training['minutes']:g} minutes, {training['updates']:,} updates "
             f"({training['tokens_per_s']:,} target tokens/s), greedy "
-            f"`val` BLEU {training['valid_bleu_best']:.2f} at its end")
+            f"`val` BLEU {training['valid_bleu_best']:.2f} at its end{export}")
 
 
 def average_step(record: dict, run_dir: str, earlier: list[str]) -> str:
@@ -124,10 +155,15 @@ def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
     penalty's choice and the export; DATA is the Multi30k folder."""
     records = list(chain.values())
     run_dirs = run_directories(name, records)
+    last = [record for record in records if record["training"] is not None][-1]
+    following = [*records[1:], None]
     lines = [f"{number}. " + (average_step(record, run_dir, run_dirs[:number - 1])
                               if record["training"] is None
-                              else training_step(record, run_dir)) + f" ([record](../../{path}))."
-             for number, (path, record, run_dir) in enumerate(zip(chain, records, run_dirs), start=1)]
+                              else training_step(record, run_dir, name, last,
+                                                 exported_before(record, after)))
+             + f" ([record](../../{path}))."
+             for number, (path, record, run_dir, after)
+             in enumerate(zip(chain, records, run_dirs, following), start=1)]
     source, target = name.split("-")
     lines.append(f"{len(chain) + 1}. `attnmt evaluate {run_dirs[-1]} --engine ctranslate2 "
                  f"--src DATA/val.{source}.gz --ref DATA/val.{target}.gz --alpha {ALPHAS} "
@@ -147,8 +183,13 @@ def card(name: str, chain: dict[str, dict], folder: Path) -> str:
     provenance, config = trained[-1]["provenance"], trained[-1]["config"]
     runs = "one run" if len(trained) == 1 else \
         f"{len(trained)} runs, each from the previous one's weights with a fresh schedule"
+    records = list(chain.values())
+    runs += "".join(f", run {number + 1} from the int8 export of run {number}"
+                    for number, (step, after) in enumerate(zip(records, records[1:]), start=1)
+                    if exported_before(step, after))
     runs += "".join(f", then the weights of {len(average['extra']['runs'])} of them averaged"
-                    for average in chain.values() if average["training"] is None)
+                    for average in records if average["training"] is None)
+    where = "" if len({step["provenance"]["machine"] for step in records}) == 1 else "the last "
     size = (folder / "model.bin").stat().st_size / 1e6
     return f"""---
 {yaml.safe_dump(fields, allow_unicode=True, sort_keys=False)}---
@@ -161,6 +202,9 @@ echo "{fields['example']['source']}" | attnmt translate {name}
 # {fields['example']['translation']}
 ```
 
+(CTranslate2's translation with its AVX2 kernels; on a CPU with AVX-512 VNNI the int8 products
+round differently and a sentence can come out in other words.)
+
 ## What it is
 
 attnmt's Transformer ({record['parameters']:,} parameters; `{config}`), exported with
@@ -172,7 +216,7 @@ length penalty alpha {alpha:g} (chosen on `val`).
 
 ## How it was trained
 
-{record['what'].removeprefix('shipped: ').capitalize()}: {runs}, on a
+{record['what'].removeprefix('shipped: ').capitalize()}: {runs}, {where}on a
 {provenance['machine']}, {provenance['precision']}, {provenance['threads']} thread(s), seed
 {provenance['seed']}, on {provenance['date']}; chosen on `val` (beam 5 BLEU of the export:
 {fields['valid_bleu_beam5']}). The shipped model's record: [{record_path}](../../{record_path}).

@@ -17,7 +17,7 @@ import yaml
 from attnmt.data.numbers import numbers_corpus
 from attnmt.errors import UserError
 from attnmt.evaluate import moses_tokenized, tokenized_lowercased_bleu
-from attnmt.shipped import MODELS_ENV, Card, resolve, shipped_models
+from attnmt.shipped import CARD_EXAMPLE_ENV, MODELS_ENV, Card, resolve, shipped_models
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the ct2 extra is not installed "
                                                         "(pip install -e \".[ct2]\")")
@@ -210,8 +210,9 @@ def test_a_shipped_model_translates_its_cards_example_on_both_engines(folder):
     from attnmt.translator import Translator
 
     example = Card.read(folder).fields["example"]
-    exported = Translator.from_run(folder.name, engine="ctranslate2", threads=1)
-    assert exported.translate([example["source"]])[0].best.text == example["translation"]
+    exported = attnmt("translate", folder.name, "--engine", "ctranslate2", "--threads", "1",
+                      env=CARD_EXAMPLE_ENV, stdin=example["source"])
+    assert exported.returncode == 0 and exported.stdout.strip() == example["translation"]
     read_back = Translator.from_run(folder.name, engine="torch")
     assert read_back.translate([example["source"]])[0].best.text == example["pytorch_translation"]
 
@@ -235,8 +236,9 @@ def test_a_cards_scores_are_its_records(folder):
 def test_a_cards_chain_of_runs_starts_from_scratch_and_each_step_from_earlier_ones(folder):
     """The card gives every command that made the model, one numbered step per record of its
     chain: the first run trains from scratch, each later run starts from an earlier step's
-    directory and an average (a model soup) averages earlier steps' runs, as the records
-    say; every step leads to the shipped one, whose directory is runs/NAME."""
+    directory (or from its int8 export, the model shipped before, by name) and an average
+    (a model soup) averages earlier steps' runs, as the records say; every step leads to the
+    shipped one, whose directory is runs/NAME."""
     fields = Card.read(folder).fields
     records = [json.loads((ROOT / path).read_text()) for path in fields["chain"]]
     assert fields["chain"][-1] == fields["record"]
@@ -244,7 +246,7 @@ def test_a_cards_chain_of_runs_starts_from_scratch_and_each_step_from_earlier_on
     steps = [line for line in (folder / "README.md").read_text().splitlines()
              if re.match(r"\d+\. `attnmt (train|average) ", line)]
     assert len(steps) == len(records)
-    directories, used = [], set()
+    directories, used, exports = [], set(), {}
     for number, (step, path, record) in enumerate(zip(steps, fields["chain"], records), start=1):
         assert step.startswith(f"{number}. ") and f"(../../{path})" in step
         command = step.split("`")[1].split()
@@ -257,10 +259,15 @@ def test_a_cards_chain_of_runs_starts_from_scratch_and_each_step_from_earlier_on
                       if setting.startswith("train.init_from=")]
             assert starts == [o.split("=", 1)[1] for o in record["overrides"]
                               if o.startswith("train.init_from=")]
+        starts = [exports.get(start, start) for start in starts]  # a shipped name: its run
         assert bool(starts) == (number > 1), step                # only the first from scratch
         assert set(starts) <= set(directories), step             # from earlier steps' runs
         used.update(starts)
         directories.append(directory)
+        exported = re.search(r"`attnmt export (\S+) models/(\S+)`", step)
+        if exported:                                             # the next run's start, by name
+            assert exported[1] == directory and exported[2] == folder.name, step
+            exports[exported[2]] = directory
     assert directories[-1] == f"runs/{folder.name}"
     assert len(set(directories)) == len(directories) and used == set(directories[:-1]), directories
 
