@@ -190,6 +190,7 @@ def card(name: str, chain: dict[str, dict], folder: Path) -> str:
     runs += "".join(f", then the weights of {len(average['extra']['runs'])} of them averaged"
                     for average in records if average["training"] is None)
     where = "" if len({step["provenance"]["machine"] for step in records}) == 1 else "the last "
+    how = record["what"].removeprefix("shipped: ")
     size = (folder / "model.bin").stat().st_size / 1e6
     return f"""---
 {yaml.safe_dump(fields, allow_unicode=True, sort_keys=False)}---
@@ -216,7 +217,7 @@ length penalty alpha {alpha:g} (chosen on `val`).
 
 ## How it was trained
 
-{record['what'].removeprefix('shipped: ').capitalize()}: {runs}, {where}on a
+{how[0].upper() + how[1:]}: {runs}, {where}on a
 {provenance['machine']}, {provenance['precision']}, {provenance['threads']} thread(s), seed
 {provenance['seed']}, on {provenance['date']}; chosen on `val` (beam 5 BLEU of the export:
 {fields['valid_bleu_beam5']}). The shipped model's record: [{record_path}](../../{record_path}).
