@@ -23,9 +23,9 @@ from attnmt.errors import UserError
 
 MODELS_ENV = "ATTNMT_MODELS"
 CARD = "README.md"
-# A card's example is CTranslate2's translation with oneDNN's AVX2 kernels, which every x86-64
-# CPU these models were made on runs: with AVX-512 VNNI its int8 products round differently
-# and a beam can end on other words (en-cs: "skrz město" on AVX2, "městem" with VNNI).
+# A card's example is CTranslate2's translation with oneDNN's AVX2 kernels, which every CPU
+# with AVX2 runs: with AVX-512 VNNI the int8 products round differently and a beam can end on
+# other words (en-cs: "skrz město" with AVX2 kernels, "městem" with VNNI ones).
 CARD_EXAMPLE_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
