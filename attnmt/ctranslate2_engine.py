@@ -100,8 +100,12 @@ class CTranslate2Engine:
             _export_on_first_use(path, folder, quantization, checkpoint)
         # Batches in parallel, one thread each: measured faster on 2 cores than two threads
         # per batch (records/performance.md).
-        engine = ctranslate2.Translator(str(folder), device=device, compute_type=quantization,
-                                        inter_threads=threads or cpu_cores(), intra_threads=1)
+        try:
+            engine = ctranslate2.Translator(str(folder), device=device, compute_type=quantization,
+                                            inter_threads=threads or cpu_cores(), intra_threads=1)
+        except RuntimeError as error:              # a truncated or foreign model.bin
+            raise UserError(f"{folder / 'model.bin'} is not a CTranslate2 model CTranslate2 can "
+                            f"load ({error})") from None
         info = _export_info(folder)
         return cls(engine, config, source_tokenizer, target_tokenizer, quantization,
                    info.get("parameters"), info.get("never_output", []))

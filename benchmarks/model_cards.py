@@ -54,10 +54,12 @@ def example(folder: Path, source_lang: str) -> dict:
     sentence = EXAMPLES[source_lang]
     exported = subprocess.run(
         [sys.executable, "-m", "attnmt", "translate", str(folder), "--engine", "ctranslate2",
-         "--threads", "1"], input=sentence, text=True, capture_output=True, check=True,
-        env={**os.environ, **CARD_EXAMPLE_ENV}).stdout.strip()
+         "--threads", "1"], input=sentence, text=True, capture_output=True,
+        env={**os.environ, **CARD_EXAMPLE_ENV})
+    if exported.returncode:
+        sys.exit(f"model_cards.py: {folder} does not translate: {exported.stderr.strip()}")
     read_back = Translator.from_run(folder, engine="torch", threads=1).translate([sentence])
-    return {"source": sentence, "translation": exported,
+    return {"source": sentence, "translation": exported.stdout.strip(),
             "pytorch_translation": read_back[0].best.text}
 
 

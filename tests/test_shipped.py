@@ -142,9 +142,12 @@ def test_a_corrupt_model_bin_is_one_line(models, tmp_path):
     shutil.copytree(models / "xx-yy", folder)
     data = (folder / "model.bin").read_bytes()
     (folder / "model.bin").write_bytes(data[:len(data) // 2])
-    result = attnmt("translate", str(folder), "--engine", "torch", stdin="vier\n")
-    assert result.returncode == 1
-    assert result.stderr.startswith(f"attnmt: error: {folder}/model.bin is not a CTranslate2 model")
+    for engine in ("torch", "ctranslate2"):
+        result = attnmt("translate", str(folder), "--engine", engine, stdin="vier\n")
+        assert result.returncode == 1, engine
+        assert result.stderr.startswith(f"attnmt: error: {folder}/model.bin is not a CTranslate2 "
+                                        "model"), result.stderr
+        assert "Traceback" not in result.stderr
 
 
 # Lines of the public Multi30k test sets (test_2016_flickr, test_2017_flickr): the raw text,
