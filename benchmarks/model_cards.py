@@ -68,10 +68,10 @@ def front_matter(name: str, chain: dict[str, dict], folder: Path) -> dict:
     source, target = record["direction"].split("-")
     machine = record["provenance"]["machine"]
     how = record["what"].removeprefix("shipped: ")
-    machines = {step["provenance"]["machine"] for step in chain.values()}
+    one_machine = len({hardware(step) for step in chain.values()}) == 1
     summary = (f"{LANGUAGES[source]} -> {LANGUAGES[target]}, Transformer "
                f"({record['parameters'] / 1e6:.1f}M parameters), int8; {how}; Multi30k, "
-               f"{'a' if len(machines) == 1 else 'last trained on a'} {machine}.")
+               f"{'a' if one_machine else 'last trained on a'} {machine}.")
     scores = {test_set: {key: record["test_sets"][test_set][key]
                          for key in ("bleu", "chrf", "bleu_tok_lc")}
               for test_set in TEST_SETS if test_set in record["test_sets"]}
@@ -100,39 +100,44 @@ def score_table(fields: dict) -> str:
             + ("\n\nSources of the published figures:" + sources if sources else ""))
 
 
-def exported_before(record: dict, following: dict | None) -> bool:
-    """Whether the next run starts from this step's int8 export (``models/NAME``, the model
-    shipped before), not from its run directory."""
-    if following is None or following["training"] is None:
-        return False
-    start = following["provenance"]["config"]["train"]["init_from"]
-    return Path(start) == Path(record.get("extra", {}).get("export", "-"))
+def hardware(record: dict) -> str:
+    """The machine and precision a record's run trained with."""
+    return f"{record['provenance']['machine']}, {record['provenance']['precision']}"
 
 
-def run_directories(name: str, records: list[dict]) -> list[str]:
+def exported_before(records: list[dict]) -> list[bool]:
+    """For each step, whether the next run starts from its int8 export (``models/NAME``, the
+    model shipped before) rather than from its run directory."""
+    return [following["training"] is not None and Path(
+                following["provenance"]["config"]["train"]["init_from"])
+            == Path(record.get("extra", {}).get("export", "-"))
+            for record, following in zip(records, records[1:])] + [False]
+
+
+def run_directories(name: str, records: list[dict], exported: list[bool]) -> list[str]:
     """Each step's run directory: the one the next step starts from (a training run's
     ``train.init_from``; for an average, the last of the runs it averages), the last step's
     ``runs/NAME``. A step whose export the next run starts from is named by the chain's
     minutes up to it (``runs/en_fr_165min``)."""
     directories, minutes = [], 0.0
-    for record, following in zip(records, records[1:]):
+    for record, following, from_export in zip(records, records[1:], exported):
         minutes += (record["training"] or {}).get("minutes", 0)
-        directories.append(f"runs/{name.replace('-', '_')}_{minutes:g}min"
-                           if exported_before(record, following)
-                           else following["extra"]["runs"][-1] if following["training"] is None
-                           else following["provenance"]["config"]["train"]["init_from"])
+        if from_export:
+            directories.append(f"runs/{name.replace('-', '_')}_{minutes:g}min")
+        elif following["training"] is None:
+            directories.append(following["extra"]["runs"][-1])
+        else:
+            directories.append(following["provenance"]["config"]["train"]["init_from"])
     return directories + [f"runs/{name}"]
 
 
 def training_step(record: dict, run_dir: str, name: str, last: dict, exported: bool) -> str:
     """A run's command and figures; its machine where it differs from the last run's, and,
     where the next run starts from this one's int8 export, the export."""
-    training, machine = record["training"], record["provenance"]
+    training = record["training"]
     overrides = " ".join(f"--set {override}" for override in record["overrides"]
                          if not override.startswith("decode.alpha="))   # a later step's
-    where = ("" if (machine["machine"], machine["precision"]) ==
-             (last["provenance"]["machine"], last["provenance"]["precision"])
-             else f" on a {machine['machine']}, {machine['precision']},")
+    where = "" if hardware(record) == hardware(last) else f" on a {hardware(record)},"
     export = (f"; its int8 export (`attnmt export {run_dir} models/{name}`) was the model "
               f"shipped before, the next run's start" if exported else "")
     return (f"`attnmt train {record['config']} --run-dir {run_dir} {overrides}`:{where} "
@@ -156,16 +161,15 @@ def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
     """The chain's commands, one numbered line per run (or average of runs), then the length
     penalty's choice and the export; DATA is the Multi30k folder."""
     records = list(chain.values())
-    run_dirs = run_directories(name, records)
+    exported = exported_before(records)
+    run_dirs = run_directories(name, records, exported)
     last = [record for record in records if record["training"] is not None][-1]
-    following = [*records[1:], None]
     lines = [f"{number}. " + (average_step(record, run_dir, run_dirs[:number - 1])
                               if record["training"] is None
-                              else training_step(record, run_dir, name, last,
-                                                 exported_before(record, after)))
+                              else training_step(record, run_dir, name, last, from_export))
              + f" ([record](../../{path}))."
-             for number, (path, record, run_dir, after)
-             in enumerate(zip(chain, records, run_dirs, following), start=1)]
+             for number, (path, record, run_dir, from_export)
+             in enumerate(zip(chain, records, run_dirs, exported), start=1)]
     source, target = name.split("-")
     lines.append(f"{len(chain) + 1}. `attnmt evaluate {run_dirs[-1]} --engine ctranslate2 "
                  f"--src DATA/val.{source}.gz --ref DATA/val.{target}.gz --alpha {ALPHAS} "
@@ -187,11 +191,11 @@ def card(name: str, chain: dict[str, dict], folder: Path) -> str:
         f"{len(trained)} runs, each from the previous one's weights with a fresh schedule"
     records = list(chain.values())
     runs += "".join(f", run {number + 1} from the int8 export of run {number}"
-                    for number, (step, after) in enumerate(zip(records, records[1:]), start=1)
-                    if exported_before(step, after))
+                    for number, from_export in enumerate(exported_before(records), start=1)
+                    if from_export)
     runs += "".join(f", then the weights of {len(average['extra']['runs'])} of them averaged"
                     for average in records if average["training"] is None)
-    where = "" if len({step["provenance"]["machine"] for step in records}) == 1 else "the last "
+    where = "" if len({hardware(step) for step in records}) == 1 else "the last "
     how = record["what"].removeprefix("shipped: ")
     size = (folder / "model.bin").stat().st_size / 1e6
     return f"""---
