@@ -178,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="convert a Transformer run for CTranslate2 or transformers",
                                  description="Write a CTranslate2 model directory (the C++ "
                                              "inference engine) from a Transformer run, with its "
-                                             "config and tokenizers: 'attnmt translate OUT' "
+                                             "config (less the folders of the run's machine: "
+                                             "data.dir, data.tokenizer_from, train.init_from) and "
+                                             "tokenizers: 'attnmt translate OUT' "
                                              "translates with it, without PyTorch (needs the extra: "
                                              "pip install -e \".[ct2]\"). With --format transformers, "
                                              "a MarianMT folder that Hugging Face transformers loads "

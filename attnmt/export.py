@@ -22,17 +22,22 @@ CTranslate2 is a C++ inference engine for Transformers (optional: ``pip install 
 
 The exported folder also holds the run's ``config.yaml``, its tokenizer files and
 ``export.json`` (the model's description and size), so it translates on its own, even
-where PyTorch is not installed: ``attnmt translate OUT``.
+where PyTorch is not installed: ``attnmt translate OUT``. The config leaves out the folders
+of the machine the run was made on that the export does not need (``data.dir``,
+``data.tokenizer_from``, ``train.init_from``: it holds its own tokenizers and weights), so an
+export moved to another machine names none of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import torch
 
+from attnmt.config import Config, save_config
 from attnmt.ctranslate2_engine import EXPORT_INFO, QUANTIZATIONS, require_ctranslate2
 from attnmt.data import BOS_ID
 from attnmt.errors import UserError
@@ -57,7 +62,8 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
     temporary = fresh_temporary(out, "export")
     converted = temporary / "export"          # CTranslate2 empties the folder it writes
     converter.convert(str(converted), quantization=quantization)
-    for name in ["config.yaml", *_tokenizer_files(Path(run_dir))]:   # a folder that translates
+    save_config(portable(config), converted / "config.yaml")    # a folder that translates
+    for name in _tokenizer_files(Path(run_dir)):
         shutil.copy(Path(run_dir) / name, converted / name)
     info = {"description": model.description, "parameters": model.num_parameters(),
             "quantization": quantization, "never_output": never_output(model, target_tokenizer)}
@@ -66,6 +72,14 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
     replace_folder(converted, out)
     shutil.rmtree(temporary)
     return out
+
+
+def portable(config: Config) -> Config:
+    """``config`` without the settings naming folders of the run's machine that an export
+    does not need: where Multi30k lay, the run whose tokenizers or weights it started from."""
+    return dataclasses.replace(config,
+                               data=dataclasses.replace(config.data, dir="", tokenizer_from=""),
+                               train=dataclasses.replace(config.train, init_from=""))
 
 
 def check_destination(run: Path, out: Path, force: bool) -> None:

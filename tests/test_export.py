@@ -233,3 +233,27 @@ def test_an_export_never_destroys_a_run(tiny_runs, tmp_path):
     export_run(run, run / "exported")                  # an export inside the run is fine,
     export_run(run, run / "exported", force=True)      # and replacing that export too
     assert (run / "exported" / "model.bin").is_file()
+
+
+def test_the_exports_config_names_no_folder_of_the_runs_machine(tiny_runs, tmp_path):
+    # An export is what moves to another machine (models/ ships them): its config.yaml kept
+    # where the run found Multi30k and the runs it started from, paths of the run's machine.
+    import dataclasses
+    import shutil
+
+    from attnmt.config import load_config, save_config
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs["transformer"], run)
+    config = load_config(run / "config.yaml")
+    local = dataclasses.replace(
+        config, data=dataclasses.replace(config.data, dir="/home/me/data", tokenizer_from="/home/me/a"),
+        train=dataclasses.replace(config.train, init_from="/home/me/b"))
+    save_config(local, run / "config.yaml")
+    export_run(run, tmp_path / "export")
+    text = (tmp_path / "export" / "config.yaml").read_text()
+    assert "/home/me" not in text
+    exported = load_config(tmp_path / "export" / "config.yaml")
+    assert (exported.data.dir, exported.data.tokenizer_from, exported.train.init_from) == ("", "", "")
+    assert dataclasses.replace(exported, data=local.data, train=local.train) == local
+    assert Translator.from_run(tmp_path / "export").translate(["sieben"])
