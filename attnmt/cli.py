@@ -350,7 +350,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["auto", "torch", "ctranslate2"], default="auto",
                         help="auto (default): ctranslate2 for a folder made by 'attnmt export', "
                              "else torch; ctranslate2 on a run exports it into "
-                             "RUN/ctranslate2-QUANTIZATION on first use")
+                             "RUN/ctranslate2-QUANTIZATION on first use, and again "
+                             "when its weights have changed")
     parser.add_argument("--quantization", choices=["int8", "int8_float32", "bfloat16", "float32"],
                         help="ctranslate2 engine: weight type (default: int8 for a run, the "
                              "type an export was written in for an export)")

@@ -1,8 +1,8 @@
 """Translating with CTranslate2, the C++ inference engine, behind the :class:`Translator`.
 
 ``Translator.from_run(RUN, engine="ctranslate2", quantization="int8")`` uses the model
-exported into ``RUN/ctranslate2-int8`` (exported there on first use, see
-:mod:`attnmt.export`), or the run folder itself when it is an export (``attnmt export``
+exported into ``RUN/ctranslate2-int8`` (exported there on first use, and again when the
+run's weights have changed, see :mod:`attnmt.export`), or the run folder itself when it is an export (``attnmt export``
 writes ``model.bin`` beside ``config.yaml`` and the tokenizers). Tokenizing, batching by
 source tokens, beam, alpha, n-best, length limits and empty inputs are the translator's
 and the same as with the PyTorch engine. What the engine cannot do the same way:
@@ -95,9 +95,10 @@ class CTranslate2Engine:
         if config.model.arch != "transformer":
             raise UserError(f"{path} holds an RNN; CTranslate2 runs Transformers only (it has no RNN "
                             "decoders): translate it with --engine torch")
-        folder = path if exported else exported_folder(path, quantization)
-        if not (folder / "model.bin").is_file():
-            _export_on_first_use(path, folder, quantization, checkpoint)
+        folder = path
+        if not exported:
+            folder = exported_folder(path, quantization)
+            _export_unless_current(path, folder, quantization, checkpoint)
         # Batches in parallel, one thread each: measured faster on 2 cores than two threads
         # per batch (records/performance.md).
         try:
@@ -173,17 +174,25 @@ def _device(device: str, ctranslate2) -> str:
     return "cuda" if device == "auto" and gpus else "cpu" if device == "auto" else device
 
 
-def _export_on_first_use(run: Path, folder: Path, quantization: str, checkpoint: str) -> None:
+def _export_unless_current(run: Path, folder: Path, quantization: str, checkpoint: str) -> None:
+    """Export ``run``'s weights of ``checkpoint`` into ``folder`` unless the export there was
+    made from these very weights (training on, averaging or another --checkpoint change them:
+    an export kept from before would translate with the old ones)."""
+    from attnmt.run import RunDirectory, say
+
+    digest = RunDirectory(run).weights_digest(checkpoint)
+    earlier = (folder / "model.bin").is_file()
+    if earlier and _export_info(folder).get("weights_sha256") == digest:
+        return
     try:
         from attnmt.export import export_run
     except ImportError:
         raise UserError(f"{run} is a training run, and exporting it for CTranslate2 needs PyTorch; "
                         f"export it where attnmt trains (attnmt export {run} OUT) and translate "
                         "OUT here") from None
-    from attnmt.run import say
-
-    say(f"exporting {run} for CTranslate2 ({quantization}) into {folder}")
-    export_run(run, folder, quantization, checkpoint)
+    say(f"exporting {run} for CTranslate2 ({quantization}) into {folder}"
+        + (" again: the run's weights changed since its last export" if earlier else ""))
+    export_run(run, folder, quantization, checkpoint, force=earlier)
 
 
 def _export_info(folder: Path) -> dict:

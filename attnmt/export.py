@@ -66,7 +66,8 @@ def export_run(run_dir: str | Path, out: str | Path, quantization: str = "int8",
     for name in _tokenizer_files(Path(run_dir)):
         shutil.copy(Path(run_dir) / name, converted / name)
     info = {"description": model.description, "parameters": model.num_parameters(),
-            "quantization": quantization, "never_output": never_output(model, target_tokenizer)}
+            "quantization": quantization, "never_output": never_output(model, target_tokenizer),
+            "weights_sha256": RunDirectory(run_dir).weights_digest(checkpoint)}
     (converted / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     mark_made(converted, "export")
     replace_folder(converted, out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -138,6 +139,18 @@ class RunDirectory:
         if checkpoint == "last":
             return self.last
         return Path(checkpoint)
+
+    def weights_digest(self, checkpoint: str = "best") -> str:
+        """SHA-256 of the weights file of ``checkpoint`` ('' where there is none, as in an
+        export): what an export made from them records, to tell when they changed."""
+        path = self.weights(checkpoint)
+        if not path.is_file():
+            return ""
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
 
     # --- log.csv ---------------------------------------------------------------------------
 

@@ -257,3 +257,35 @@ def test_the_exports_config_names_no_folder_of_the_runs_machine(tiny_runs, tmp_p
     assert (exported.data.dir, exported.data.tokenizer_from, exported.train.init_from) == ("", "", "")
     assert dataclasses.replace(exported, data=local.data, train=local.train) == local
     assert Translator.from_run(tmp_path / "export").translate(["sieben"])
+
+
+def test_a_runs_kept_export_follows_its_weights_and_checkpoint(tiny_runs, tmp_path, capsys):
+    # RUN/ctranslate2-QUANTIZATION was exported once and kept: after training on, averaging,
+    # or with --checkpoint last, the C++ engine went on translating the old weights.
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"            # without the exports other tests kept in the run
+    shutil.copytree(tiny_runs["transformer"], run, ignore=shutil.ignore_patterns("ctranslate2-*"))
+    sources = SOURCES[:40]
+
+    def engines(checkpoint="best"):
+        return [[t.best.ids for t in Translator.from_run(run, checkpoint, engine=engine,
+                                                          quantization="float32")
+                 .translate(sources, beam=1)] for engine in ("ctranslate2", "torch")]
+
+    before, _ = engines()
+    assert "exporting" in capsys.readouterr().err
+    generator = torch.Generator().manual_seed(0)
+    weights = {name: tensor + 0.3 * torch.randn(tensor.shape, generator=generator)
+               for name, tensor in load_file(run / "best.safetensors").items()}
+    save_file(weights, run / "best.safetensors")
+    after, torch_after = engines()
+    assert "again: the run's weights changed" in capsys.readouterr().err
+    assert after == torch_after and after != before
+    engines()
+    assert "exporting" not in capsys.readouterr().err        # kept while the weights stay
+    last, torch_last = engines("last")
+    assert last == torch_last and last != after
