@@ -2,10 +2,11 @@
 
 ``Translator.from_run(RUN, engine="ctranslate2", quantization="int8")`` uses the model
 exported into ``RUN/ctranslate2-int8`` (exported there on first use, and again when the
-run's weights have changed, see :mod:`attnmt.export`), or the run folder itself when it is an export (``attnmt export``
-writes ``model.bin`` beside ``config.yaml`` and the tokenizers). Tokenizing, batching by
-source tokens, beam, alpha, n-best, length limits and empty inputs are the translator's
-and the same as with the PyTorch engine. What the engine cannot do the same way:
+run's weights have changed, see :mod:`attnmt.export`), or the run folder itself when it is
+an export (``attnmt export`` writes ``model.bin`` beside ``config.yaml`` and the
+tokenizers). Tokenizing, batching by source tokens, beam, alpha, n-best, length limits and
+empty inputs are the translator's and the same as with the PyTorch engine. What the engine
+cannot do the same way:
 
 * its length penalty is ``log P / length ** alpha``, not GNMT's
   ``((5 + length) / 6) ** alpha`` (greedy search is unaffected);
