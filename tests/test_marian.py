@@ -109,12 +109,17 @@ def build_marian(folder: Path, activation: str = "swish", shared: bool = True, s
         max_position_embeddings=64, pad_token_id=pad, eos_token_id=0, forced_eos_token_id=0,
         decoder_start_token_id=pad, scale_embedding=True, share_encoder_decoder_embeddings=shared,
         init_std=0.3, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0)
-    torch.manual_seed(seed)
-    model = transformers.MarianMTModel(config)
-    with torch.no_grad():
-        model.final_logits_bias.normal_(0, 0.5)
-    if trained:
-        _train_briefly(model, folder, seed)
+    threads = torch.get_num_threads()      # what earlier tests left: the sums of 1 thread and
+    torch.set_num_threads(2)               # of 2 differ, and 300 updates make that another model
+    try:                                   # (relu, shared: one output for every source with 1)
+        torch.manual_seed(seed)
+        model = transformers.MarianMTModel(config)
+        with torch.no_grad():
+            model.final_logits_bias.normal_(0, 0.5)
+        if trained:
+            _train_briefly(model, folder, seed)
+    finally:
+        torch.set_num_threads(threads)
     model.save_pretrained(folder)
     return folder
 
