@@ -178,12 +178,13 @@ def _device(device: str, ctranslate2) -> str:
 def _export_unless_current(run: Path, folder: Path, quantization: str, checkpoint: str) -> None:
     """Export ``run``'s weights of ``checkpoint`` into ``folder`` unless the export there was
     made from these very weights (training on, averaging or another --checkpoint change them:
-    an export kept from before would translate with the old ones)."""
+    an export kept from before would translate with the old ones), or the run has no weights
+    file to compare (a run folder copied with its export only)."""
     from attnmt.run import RunDirectory, say
 
     digest = RunDirectory(run).weights_digest(checkpoint)
     earlier = (folder / "model.bin").is_file()
-    if earlier and _export_info(folder).get("weights_sha256") == digest:
+    if earlier and digest in ("", _export_info(folder).get("weights_sha256")):
         return
     try:
         from attnmt.export import export_run

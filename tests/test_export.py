@@ -253,9 +253,9 @@ def test_the_exports_config_names_no_folder_of_the_runs_machine(tiny_runs, tmp_p
     export_run(run, tmp_path / "export")
     text = (tmp_path / "export" / "config.yaml").read_text()
     assert "/home/me" not in text
-    exported = load_config(tmp_path / "export" / "config.yaml")
-    assert (exported.data.dir, exported.data.tokenizer_from, exported.train.init_from) == ("", "", "")
-    assert dataclasses.replace(exported, data=local.data, train=local.train) == local
+    assert load_config(tmp_path / "export" / "config.yaml") == dataclasses.replace(   # the rest kept
+        local, data=dataclasses.replace(local.data, dir="", tokenizer_from=""),
+        train=dataclasses.replace(local.train, init_from=""))
     assert Translator.from_run(tmp_path / "export").translate(["sieben"])
 
 
@@ -288,4 +288,9 @@ def test_a_runs_kept_export_follows_its_weights_and_checkpoint(tiny_runs, tmp_pa
     engines()
     assert "exporting" not in capsys.readouterr().err        # kept while the weights stay
     last, torch_last = engines("last")
-    assert last == torch_last and last != after
+    assert last == torch_last and last != after and "again" in capsys.readouterr().err
+    (run / "best.safetensors").unlink()                       # a run copied with its export only:
+    (run / "last.safetensors").unlink()                       # nothing to compare, the export used
+    kept = Translator.from_run(run, engine="ctranslate2", quantization="float32")
+    assert [t.best.ids for t in kept.translate(sources, beam=1)] == last
+    assert "exporting" not in capsys.readouterr().err
