@@ -67,11 +67,9 @@ def front_matter(name: str, chain: dict[str, dict], folder: Path) -> dict:
     record_path, record = list(chain.items())[-1]
     source, target = record["direction"].split("-")
     machine = record["provenance"]["machine"]
-    how = record["what"].removeprefix("shipped: ")
-    one_machine = len({hardware(step) for step in chain.values()}) == 1
     summary = (f"{LANGUAGES[source]} -> {LANGUAGES[target]}, Transformer "
-               f"({record['parameters'] / 1e6:.1f}M parameters), int8; {how}; Multi30k, "
-               f"{'a' if one_machine else 'last trained on a'} {machine}.")
+               f"({record['parameters'] / 1e6:.1f}M parameters), int8; {recipe(record)}; Multi30k, "
+               f"{'a' if on_one_machine(chain) else 'last trained on a'} {machine}.")
     scores = {test_set: {key: record["test_sets"][test_set][key]
                          for key in ("bleu", "chrf", "bleu_tok_lc")}
               for test_set in TEST_SETS if test_set in record["test_sets"]}
@@ -103,6 +101,16 @@ def score_table(fields: dict) -> str:
 def hardware(record: dict) -> str:
     """The machine and precision a record's run trained with."""
     return f"{record['provenance']['machine']}, {record['provenance']['precision']}"
+
+
+def on_one_machine(chain: dict[str, dict]) -> bool:
+    """Whether every run of the chain trained on one machine, in one precision."""
+    return len({hardware(step) for step in chain.values()}) == 1
+
+
+def recipe(record: dict) -> str:
+    """How the shipped model was made, as its record says (``what`` less "shipped: ")."""
+    return record["what"].removeprefix("shipped: ")
 
 
 def exported_before(records: list[dict]) -> list[bool]:
@@ -195,8 +203,8 @@ def card(name: str, chain: dict[str, dict], folder: Path) -> str:
                     if from_export)
     runs += "".join(f", then the weights of {len(average['extra']['runs'])} of them averaged"
                     for average in records if average["training"] is None)
-    where = "" if len({hardware(step) for step in records}) == 1 else "the last "
-    how = record["what"].removeprefix("shipped: ")
+    where = "" if on_one_machine(chain) else "the last "
+    how = recipe(record)
     size = (folder / "model.bin").stat().st_size / 1e6
     return f"""---
 {yaml.safe_dump(fields, allow_unicode=True, sort_keys=False)}---
