@@ -91,7 +91,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from attnmt.config import load_config
-from attnmt.distributed import barrier, init_cluster, shutdown
+from attnmt.distributed import barrier, finish_worker, init_cluster, shutdown
 from attnmt.run import RunDirectory, prepare_data
 from attnmt.train import Trainer
 
@@ -111,6 +111,7 @@ stream = trainer.batch_stream()
 trainer.train_step([next(stream) for _ in range(config.train.accumulate)])
 barrier(cluster)                   # leave the process group together, not one by one
 shutdown(cluster)
+finish_worker(0)                   # no interpreter teardown, which sometimes aborts a gloo rank
 """
 
 
