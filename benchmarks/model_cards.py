@@ -140,29 +140,39 @@ def run_directories(name: str, records: list[dict], exported: list[bool]) -> lis
 
 
 def training_step(record: dict, run_dir: str, name: str, last: dict, exported: bool) -> str:
-    """A run's command and figures; its machine where it differs from the last run's, and,
+    """A run's command (after the commands that made its input, as its record names them)
+    and figures; its machine where it differs from the last run's, and,
     where the next run starts from this one's int8 export, the export."""
     training = record["training"]
     overrides = " ".join(f"--set {override}" for override in record["overrides"]
                          if not override.startswith("decode.alpha="))   # a later step's
     where = "" if hardware(record) == hardware(last) else f" on a {hardware(record)},"
-    export = (f"; its int8 export (`attnmt export {run_dir} models/{name}`) was the model "
-              f"shipped before, the next run's start" if exported else "")
-    return (f"`attnmt train {record['config']} --run-dir {run_dir} {overrides}`:{where} "
+    made_by = record.get("extra", {}).get("made_by", [])
+    inputs = "".join(f" after `{command}`" for command in made_by)
+    return (f"`attnmt train {record['config']} --run-dir {run_dir} {overrides}`{inputs}:{where} "
             f"{training['minutes']:g} minutes, {training['updates']:,} updates "
             f"({training['tokens_per_s']:,} target tokens/s), greedy "
-            f"`val` BLEU {training['valid_bleu_best']:.2f} at its end{export}")
+            f"`val` BLEU {training['valid_bleu_best']:.2f} at its end"
+            + export_note(run_dir, name, exported))
 
 
-def average_step(record: dict, run_dir: str, earlier: list[str]) -> str:
-    """An average's command; ``earlier`` are the directories of the steps before it."""
+def export_note(run_dir: str, name: str, exported: bool) -> str:
+    """Where the next run starts from this step's int8 export, that export's command."""
+    return (f"; its int8 export (`attnmt export {run_dir} models/{name}`) was the model "
+            f"shipped before, the next run's start" if exported else "")
+
+
+def average_step(record: dict, run_dir: str, earlier: list[str], name: str, exported: bool) -> str:
+    """An average's command (and its export, as in :func:`export_note`); ``earlier`` are the
+    directories of the steps before it."""
     runs = record["extra"]["runs"]
     strangers = [run for run in runs if run not in earlier]
     if strangers:
         sys.exit(f"model_cards.py: an average of the chain averages {', '.join(strangers)}, no run "
                  "of the steps before it; name the chain's records in training order")
     numbers = " and ".join(str(earlier.index(run) + 1) for run in runs)
-    return f"`attnmt average {' '.join(runs)} -o {run_dir}`: the mean of runs {numbers}' weights"
+    return (f"`attnmt average {' '.join(runs)} -o {run_dir}`: the mean of runs {numbers}' weights"
+            + export_note(run_dir, name, exported))
 
 
 def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
@@ -172,7 +182,7 @@ def training_steps(name: str, chain: dict[str, dict], alpha: float) -> str:
     exported = exported_before(records)
     run_dirs = run_directories(name, records, exported)
     last = [record for record in records if record["training"] is not None][-1]
-    lines = [f"{number}. " + (average_step(record, run_dir, run_dirs[:number - 1])
+    lines = [f"{number}. " + (average_step(record, run_dir, run_dirs[:number - 1], name, from_export)
                               if record["training"] is None
                               else training_step(record, run_dir, name, last, from_export))
              + f" ([record](../../{path}))."

@@ -26,6 +26,8 @@ With ``--export FOLDER`` the trained run is exported as int8 into FOLDER and the
 scored instead, on the CTranslate2 engine (the record of a shipped model in ``models/``),
 with its BLEU on ``val`` in ``extra.valid_bleu_beam5``. Every test set's record holds the
 literature's BLEU too (``bleu_tok_lc``: lowercased, Moses-tokenised, multi-bleu's figure).
+``--made-by COMMAND`` records a command that made the run's input (``attnmt synthesize``
+writing its ``data.synthetic`` pairs) in ``extra.made_by``, for the model card.
 ``--test NAME=PREFIX`` scores another test set too (``iwslt17_test=TED/test``), recorded
 under NAME beside Multi30k's.
 
@@ -305,6 +307,9 @@ def main() -> None:
     parser.add_argument("--export", type=Path, metavar="FOLDER",
                         help="export the trained run as int8 into FOLDER and score that export "
                              "on the CTranslate2 engine (a shipped model's record)")
+    parser.add_argument("--made-by", action="append", default=[], metavar="COMMAND",
+                        help="a command that made the run's input (its data.synthetic pairs), "
+                             "recorded in extra.made_by for the model card")
     parser.add_argument("--pipeline", type=Path, metavar="WORK",
                         help="the run is a step of this pipeline folder: record the recipe's "
                              "minutes per step and its final scores")
@@ -372,7 +377,8 @@ def score_and_record(args, others: dict[str, str]) -> None:
     depends_on = provenance(args.run)
     data = depends_on["config"]["data"]                     # the resolved config, read once
     extra = {**(recipe or {}), **(export_scores(args.run, args.export, args.data_dir)
-                                  if args.export else {})}
+                                  if args.export else {}),
+             **({"made_by": args.made_by} if args.made_by else {})}
     record = {"what": args.what or " ".join([Path(args.config).stem, *args.set]),
               "direction": "-".join("+".join([data[lang], *data[f"extra_{lang}s"]])
                                     for lang in ("src_lang", "tgt_lang")),

@@ -262,6 +262,8 @@ def test_a_cards_chain_of_runs_starts_from_scratch_and_each_step_from_earlier_on
                       if setting.startswith("train.init_from=")]
             assert starts == [o.split("=", 1)[1] for o in record["overrides"]
                               if o.startswith("train.init_from=")]
+            for made in record.get("extra", {}).get("made_by", []):   # its synthetic pairs
+                assert f"after `{made}`" in step, step
         starts = [exports.get(start, start) for start in starts]  # a shipped name: its run
         assert bool(starts) == (number > 1), step                # only the first from scratch
         assert set(starts) <= set(directories), step             # from earlier steps' runs
