@@ -316,11 +316,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.ensemble or args.average:
         if (args.ensemble and args.average) or not args.out or args.config or args.run or args.set \
-                or args.pipeline or args.test or (args.export and args.ensemble) \
+                or args.pipeline or args.test or args.made_by or (args.export and args.ensemble) \
                 or (args.ensemble and len(args.ensemble) < 2):
             parser.error("--ensemble takes two runs or more and --out (--average: one folder, "
-                         "--out and optionally --export), and no CONFIG, --run, --set, --test "
-                         "or --pipeline")
+                         "--out and optionally --export), and no CONFIG, --run, --set, --test, "
+                         "--made-by or --pipeline")
         if args.ensemble and len({run.resolve() for run in args.ensemble}) < len(args.ensemble):
             parser.error("--ensemble: a run is named twice; an ensemble's runs differ")
         if not args.out.absolute().parent.is_dir():                 # before minutes of scoring
