@@ -376,7 +376,8 @@ def test_quality_names_an_ensembles_runs_apart_when_their_folders_share_a_name(f
     (["a", "./a"], "e.json", "--ensemble: a run is named twice; an ensemble's runs differ"),
     (["a", "b"], "no/e.json", "--out no/e.json: the folder no does not exist"),
     (["a", "b", "--export", "models/a"], "e.json", "--out and optionally --export), and no CONFIG, "
-                                                    "--run, --set, --test or --pipeline")])
+                                                    "--run, --set, --test, --made-by or --pipeline"),
+    (["a", "b", "--made-by", "attnmt synthesize a -i x -o y"], "e.json", "--made-by or --pipeline")])
 def test_quality_refuses_a_wrong_ensemble_before_scoring(runs, out, message, tmp_path, monkeypatch,
                                                           capsys):
     quality = benchmark("quality")
